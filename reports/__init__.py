@@ -1,0 +1,1 @@
+"""Results JSON to leaderboards (Markdown, HTML, CSV) and plots."""
