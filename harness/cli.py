@@ -40,10 +40,7 @@ def _info(args: argparse.Namespace) -> int:
     except embedded.EmbeddedModelError as exc:
         print(f"embedded model source: missing ({exc})")
     meter = open_meter("cpu")
-    if meter.available:
-        energy = f"{meter.source} ({', '.join(meter.devices)})"
-    else:
-        energy = f"unavailable: {meter.reason}"
+    energy = f"{meter.source} ({', '.join(meter.devices)})" if meter.available else f"unavailable: {meter.reason}"
     print(f"CPU: {cpu_model()}; CPU energy: {energy}")
     meter.close()
     return 0

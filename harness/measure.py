@@ -50,9 +50,7 @@ class RequestRecord:
     def as_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["tokens_per_second"] = self.tokens_per_second
-        out["joules_per_token"] = (
-            self.joules / self.new_tokens if self.joules is not None and self.new_tokens else None
-        )
+        out["joules_per_token"] = self.joules / self.new_tokens if self.joules is not None and self.new_tokens else None
         return out
 
 

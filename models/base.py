@@ -212,3 +212,11 @@ def group_by_task(requests) -> list[tuple[str, list[int]]]:
     for position, request in enumerate(requests):
         groups.setdefault(request.task_name, []).append(position)
     return list(groups.items())
+
+
+def check_complete(results: list[str | None]) -> list[str]:
+    """Every request must have its answer: a gap would be scored as if the model had failed."""
+    missing = [i for i, text in enumerate(results) if text is None]
+    if missing:
+        raise RuntimeError(f"no generation for {len(missing)} request(s) (positions {missing[:10]}...)")
+    return results

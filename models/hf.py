@@ -28,7 +28,7 @@ from transformers import LogitsProcessorList
 from transformers.generation.streamers import BaseStreamer
 
 from decodebench.energy import open_meter
-from decodebench.models.base import DecodeBenchLM, group_by_task, resolve_pretrained
+from decodebench.models.base import DecodeBenchLM, check_complete, group_by_task, resolve_pretrained
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ class HFBackend(DecodeBenchLM, HFLM):
                     self.cache_hook.add_partial("generate_until", (contexts[row], gen_kwargs), text)
                     pbar.update(1)
         pbar.close()
-        return results
+        return check_complete(results)
 
     def get_model_info(self) -> dict:
         if isinstance(self.pretrained, str) and os.path.isdir(self.pretrained):
@@ -198,9 +198,7 @@ class HFBackend(DecodeBenchLM, HFLM):
             }
         else:
             info = super().get_model_info()
-        info["decodebench"] = self.decodebench_info(
-            self.pretrained_name, self.uses_embedded_model, str(self.device)
-        )
+        info["decodebench"] = self.decodebench_info(self.pretrained_name, self.uses_embedded_model, str(self.device))
         return info
 
     # -- helpers ------------------------------------------------------------------------

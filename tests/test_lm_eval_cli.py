@@ -1,0 +1,85 @@
+"""The real `lm_eval` command with our baseline: results, samples, parity with HFLM, bad input."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import console_script, explain, read_results, read_samples, results_files, run_command, run_lm_eval
+
+pytestmark = [pytest.mark.model, pytest.mark.slow]
+
+LIMIT = "6"
+
+
+@pytest.fixture(scope="module")
+def baseline_run(embedded_checkpoint, tmp_path_factory):
+    # Run from an unrelated folder: bundled task data must resolve wherever lm_eval runs.
+    cwd = tmp_path_factory.mktemp("elsewhere")
+    out = cwd / "out"
+    proc = run_lm_eval("--model", "baseline", "--tasks", "facts_mini", "--limit", LIMIT,
+                       "--output_path", str(out), "--log_samples", cwd=cwd)  # fmt: skip
+    assert proc.returncode == 0, explain(proc)
+    return out, proc
+
+
+def test_results_carry_quality_speed_and_energy_per_task(baseline_run):
+    out, _ = baseline_run
+    results = read_results(out)
+    assert set(results["results"]["facts_mini"]) >= {"normalized_accuracy,none", "exact_match,none"}
+    info = results["config"]["decodebench"]
+    assert info["method"] == "baseline" and info["backend"] == "hf" and info["embedded_model"] is True
+    stats = info["tasks"]["facts_mini"]
+    assert stats["requests"] == int(LIMIT)
+    assert stats["new_tokens"] > 0 and stats["tokens_per_second"] > 0 and stats["generate_seconds"] > 0
+    assert sum(stats["finish_reasons"].values()) == int(LIMIT)
+    if info["energy"]["available"]:
+        assert stats["joules_per_token"] > 0
+    else:  # never an estimate: unavailable, with the reason
+        assert stats["joules_per_token"] is None and stats["energy_unavailable_reason"]
+    assert info["machine"]["cpu_count"] >= 1 and info["machine"]["versions"]["lm-eval"] == "0.4.13"
+
+
+def test_samples_carry_per_request_measurements(baseline_run, embedded_checkpoint):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_checkpoint)
+    out, _ = baseline_run
+    samples = read_samples(out, "facts_mini")
+    assert len(samples) == int(LIMIT)
+    for sample in samples:
+        (record,) = sample["decodebench"]
+        prompt = sample["arguments"]["gen_args_0"]["arg_0"]
+        assert record["prompt_tokens"] == len(tokenizer(prompt).input_ids)
+        response = sample["resps"][0][0]
+        assert record["new_tokens"] >= len(tokenizer(response, add_special_tokens=False).input_ids)
+        assert record["finish_reason"] in {"eos", "stop", "length"}
+        assert record["latency_s"] > 0 and record["tokens_per_second"] > 0
+
+
+def test_plain_hf_model_still_works_and_matches_the_baseline(baseline_run, embedded_checkpoint, tmp_path):
+    out_hf = tmp_path / "hf"
+    proc = run_lm_eval("--model", "hf", "--model_args", f"pretrained={embedded_checkpoint}",
+                       "--tasks", "facts_mini", "--limit", LIMIT, "--output_path", str(out_hf),
+                       "--log_samples", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, explain(proc)
+    ours = {s["doc_id"]: s["resps"] for s in read_samples(baseline_run[0], "facts_mini")}
+    theirs = {s["doc_id"]: s["resps"] for s in read_samples(out_hf, "facts_mini")}
+    assert ours == theirs, "the measured baseline must generate exactly what lm-eval's HFLM does"
+
+
+def test_unknown_model_argument_fails_clearly_and_writes_no_results(tmp_path):
+    out = tmp_path / "out"
+    proc = run_lm_eval("--model", "baseline", "--model_args", "pretrained=embedded,windw=3",
+                       "--tasks", "facts_mini", "--limit", "1", "--output_path", str(out), cwd=tmp_path)  # fmt: skip
+    assert proc.returncode != 0
+    assert "Unknown model argument(s) for --model baseline with backend=hf: windw" in proc.stderr
+    assert "hf arguments:" in proc.stderr and "max_length" in proc.stderr
+    assert results_files(out) == []
+
+
+def test_main_job_runs_lm_eval_and_says_where_results_are(embedded_checkpoint, tmp_path):
+    out = tmp_path / "results"
+    proc = run_command([console_script("decodebench"), "demo", "--out", str(out), "--limit", "2"], cwd=tmp_path)
+    assert proc.returncode == 0, explain(proc)
+    (results,) = results_files(out / "baseline")
+    assert str(results) in proc.stdout
+    assert "| baseline | facts_mini |" in proc.stdout

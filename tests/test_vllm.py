@@ -1,0 +1,43 @@
+"""The vLLM backend, for real, on vLLM's CPU build (run with `tox -e vllm`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+from conftest import explain, read_results, read_samples, run_lm_eval
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.model]
+
+if importlib.util.find_spec("vllm") is None and not os.environ.get("DECODEBENCH_REQUIRE_VLLM"):
+    pytest.skip("vLLM is not installed (run `tox -e vllm`)", allow_module_level=True)
+
+# Small engine footprint: several engines may share this machine's memory; eager mode skips
+# the ~45 s torch.compile warm-up, which these tests do not measure.
+ENGINE_ARGS = "gpu_memory_utilization=0.3,max_model_len=1024,enforce_eager=True"
+
+
+def test_baseline_generates_with_vllm_and_is_measured(embedded_checkpoint, tmp_path):
+    out = tmp_path / "out"
+    proc = run_lm_eval("--model", "baseline", "--model_args", f"backend=vllm,pretrained=embedded,{ENGINE_ARGS}",
+                       "--tasks", "facts_mini", "--limit", "6", "--batch_size", "auto",
+                       "--output_path", str(out), "--log_samples", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, explain(proc)
+    info = read_results(out)["config"]["decodebench"]
+    assert info["backend"] == "vllm" and info["method"] == "baseline"
+    stats = info["tasks"]["facts_mini"]
+    assert stats["requests"] == 6 and stats["new_tokens"] > 0 and stats["tokens_per_second"] > 0
+    samples = read_samples(out, "facts_mini")
+    assert all(s["decodebench"][0]["new_tokens"] >= 1 for s in samples)
+    assert sum(bool(s["resps"][0][0].strip()) for s in samples) >= 5, "vLLM should answer the questions"
+    # greedy answers of a tiny model are stable enough to score at least one question right
+    assert read_results(out)["results"]["facts_mini"]["normalized_accuracy,none"] > 0
+
+
+def test_lm_evals_own_vllm_model_still_works_on_the_cpu_build(embedded_checkpoint, tmp_path):
+    out = tmp_path / "out"
+    proc = run_lm_eval("--model", "vllm", "--model_args", f"pretrained={embedded_checkpoint},{ENGINE_ARGS}",
+                       "--tasks", "facts_mini", "--limit", "2", "--output_path", str(out), cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, explain(proc)
+    assert "decodebench" not in read_results(out)["config"]
