@@ -33,14 +33,21 @@ MINI_TASKS = ["facts_mini"]
 def lm_eval_command(run: Run, tasks: list[str], out: Path, limit: int | None) -> list[str]:
     model_args = ",".join(arg for arg in ("pretrained=embedded", run.model_args) if arg)
     command = [
-        sys.executable, "-m", "lm_eval",
-        "--model", run.model,
-        "--model_args", model_args,
-        "--tasks", ",".join(tasks),
-        "--batch_size", "1",
-        "--output_path", str(out / run.name),
+        sys.executable,
+        "-m",
+        "lm_eval",
+        "--model",
+        run.model,
+        "--model_args",
+        model_args,
+        "--tasks",
+        ",".join(tasks),
+        "--batch_size",
+        "1",
+        "--output_path",
+        str(out / run.name),
         "--log_samples",
-    ]  # fmt: skip
+    ]
     if limit is not None:
         command += ["--limit", str(limit)]
     return command

@@ -29,6 +29,7 @@ from pathlib import Path
 # lm_eval --model NAME -> class. Each class dispatches on its `backend` argument.
 MODELS = {
     "baseline": "decodebench.models.baseline:Baseline",
+    "lz": "decodebench.models.lz:LZ",
 }
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"

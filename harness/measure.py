@@ -13,6 +13,9 @@ Definitions (also in docs/measurement.md):
 - ``tokens_per_second`` of a task: its new tokens over the summed wall time of its windows.
 - ``joules_per_token``: metered joules of the task's windows over its new tokens. Energy is
   measured per window; a request's share is the window's joules per token times its tokens.
+- ``repetition``: the LZ paper's degenerate-repetition check of each returned text (a unit
+  repeated back to back at least 20 times, or a drifting loop; decodebench.metrics), so every
+  generative task, lm-eval's own included, reports a ``degenerate_rate``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from decodebench.energy import EnergyMeter
+from decodebench.metrics.repetition import find_degenerate_repetition
 
 FINISH_REASONS = ("eos", "stop", "length")
 
@@ -42,6 +46,7 @@ class RequestRecord:
     ttft_s: float | None = None
     joules: float | None = None
     method_stats: dict[str, Any] = field(default_factory=dict)
+    repetition: dict[str, Any] | None = None
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -75,6 +80,7 @@ class Window:
         batch_size: int,
         ttft_s: float | None = None,
         method_stats: dict[str, Any] | None = None,
+        text: str | None = None,
     ) -> RequestRecord:
         if finish_reason not in FINISH_REASONS:
             raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {finish_reason!r}")
@@ -89,6 +95,7 @@ class Window:
             batch_size=batch_size,
             ttft_s=ttft_s if ttft_s is not None else self.ttft_s,
             method_stats=dict(method_stats or {}),
+            repetition=find_degenerate_repetition(text).as_dict() if text is not None else None,
         )
         self.records.append(rec)
         self._attribute_energy()
@@ -151,6 +158,7 @@ class Recorder:
         ttfts = [r.ttft_s for r in records if r.ttft_s is not None]
         joules = None if any(w.joules is None for w in windows) else sum(w.joules for w in windows)
         finish = {reason: sum(r.finish_reason == reason for r in records) for reason in FINISH_REASONS}
+        checked = [r.repetition["degenerate"] for r in records if r.repetition is not None]
         return {
             "requests": len(records),
             "prompt_tokens": sum(r.prompt_tokens for r in records),
@@ -160,6 +168,7 @@ class Recorder:
             "mean_latency_s": _mean(r.latency_s for r in records),
             "mean_ttft_s": _mean(ttfts) if ttfts else None,
             "finish_reasons": finish,
+            "degenerate_rate": _mean(checked) if checked else None,
             "energy_joules": joules,
             "joules_per_token": joules / new_tokens if joules is not None and new_tokens else None,
             "energy_source": self.meter.source,

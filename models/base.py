@@ -156,6 +156,7 @@ class DecodeBenchLM:
         method_values = {
             name: spec.parse(name, kwargs.pop(name, spec.default)) for name, spec in cls.method_args.items()
         }
+        method_values = cls.check_method_args(method_values)
         allowed = set(cls.backend_arg_names())
         unknown = sorted(k for k in kwargs if k not in allowed)
         if unknown:
@@ -174,6 +175,11 @@ class DecodeBenchLM:
                 f"  {cls.backend_name} arguments: {', '.join(sorted(allowed))}."
             )
         return method_values, kwargs
+
+    @classmethod
+    def check_method_args(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """Checks between method arguments and defaults that depend on others (none by default)."""
+        return values
 
     def init_measurement(self, meter, synchronize=None) -> None:
         self.decodebench_recorder = Recorder(

@@ -5,7 +5,8 @@ longest-first, left-padded batches of ``batch_size``, ``max_gen_toks``, stop seq
 EOS, text cut at the first stop) but runs task by task and batch by batch inside a measurement
 window, so every request gets its own record. Methods plug in through two hooks:
 
-- ``logits_processors(generation_kwargs)``: extra transformers LogitsProcessors (LZ penalty);
+- ``prepare_generate(input_ids, attention_mask, generation_kwargs)``: the keyword arguments of
+  ``model.generate`` for one batch, e.g. with extra LogitsProcessors (the LZ penalty);
 - ``decode_batch(...)``: the whole decoding of one batch (MTAD, nugget); the default is
   ``model.generate`` exactly as HFLM calls it.
 """
@@ -99,9 +100,11 @@ class HFBackend(DecodeBenchLM, HFLM):
     def setup_method(self) -> None:
         """Called once the target model is loaded (load drafts, selectors, ...)."""
 
-    def logits_processors(self, generation_kwargs: dict[str, Any]) -> list:
-        """Extra transformers LogitsProcessors for ``model.generate`` (none by default)."""
-        return []
+    def prepare_generate(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, generation_kwargs: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Keyword arguments for ``model.generate`` on this batch (unchanged by default)."""
+        return generation_kwargs
 
     def decode_batch(
         self,
@@ -114,10 +117,9 @@ class HFBackend(DecodeBenchLM, HFLM):
     ) -> DecodeOutput:
         """Decode one left-padded batch; the default is HFLM's ``model.generate`` call."""
         clock = FirstTokenClock()
-        kwargs = dict(generation_kwargs)
-        processors = self.logits_processors(kwargs)
-        if processors:
-            kwargs["logits_processor"] = LogitsProcessorList(processors)
+        kwargs = self.prepare_generate(input_ids, attention_mask, dict(generation_kwargs))
+        if isinstance(kwargs.get("logits_processor"), list):
+            kwargs["logits_processor"] = LogitsProcessorList(kwargs["logits_processor"])
         sequences = self._model_generate(
             context=input_ids,
             attention_mask=attention_mask,
@@ -180,6 +182,7 @@ class HFBackend(DecodeBenchLM, HFLM):
                         batch_size=len(batch),
                         ttft_s=ttft,
                         method_stats=out.row_stats[row] if out.row_stats else None,
+                        text=text,
                     )
                     results[position] = text
                     self.cache_hook.add_partial("generate_until", (contexts[row], gen_kwargs), text)

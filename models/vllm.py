@@ -3,10 +3,11 @@
 lm-eval's ``VLLM`` already passes ``tensor_parallel_size`` and ``data_parallel_size`` (Ray
 workers) through, applies chat templates and scores log-likelihoods; this subclass replaces
 ``generate_until`` so that every request is measured and each method can add its engine-level
-logits processors and per-request ``SamplingParams.extra_args``:
+logits processors and adjust each request's ``SamplingParams``:
 
 - ``engine_logits_processors()``: V1 ``LogitsProcessor`` classes given to ``LLM(...)`` once;
-- ``sampling_extra_args(kwargs)``: what each request's ``SamplingParams.extra_args`` carries.
+- ``adjust_sampling(kwargs)``: a request's ``SamplingParams`` keyword arguments (penalties,
+  ``extra_args`` read by the engine's processors).
 
 Requests are sent to the engine task by task (one measurement window per task, or per
 ``batch_size`` chunk when an integer batch size is given); vLLM batches them continuously.
@@ -26,6 +27,7 @@ from vllm import EngineArgs, SamplingParams
 from decodebench.energy import open_meter
 from decodebench.models.base import DecodeBenchLM, check_complete, group_by_task, resolve_pretrained
 from decodebench.models.baseline import BaselineMethod
+from decodebench.models.lz import LZMethod
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +65,13 @@ class VLLMBackend(DecodeBenchLM, VLLM):
     def setup_method(self) -> None:
         """Called once the engine is up."""
 
-    @classmethod
-    def engine_logits_processors(cls) -> list:
+    def engine_logits_processors(self) -> list:
         """vLLM V1 LogitsProcessor classes to load into the engine (none by default)."""
         return []
 
-    def sampling_extra_args(self, sampling_kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Per-request ``SamplingParams.extra_args`` for this method (none by default)."""
-        return {}
+    def adjust_sampling(self, sampling_kwargs: dict[str, Any]) -> dict[str, Any]:
+        """A request's ``SamplingParams`` keyword arguments for this method (unchanged by default)."""
+        return sampling_kwargs
 
     # -- lm-eval API ----------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
@@ -92,13 +93,11 @@ class VLLMBackend(DecodeBenchLM, VLLM):
                         max_model_len=self.max_length,
                         side=self.truncation_side,
                     )
-                    extra = {**(kwargs.pop("extra_args", None) or {}), **self.sampling_extra_args(kwargs)}
+                    kwargs = self.adjust_sampling(kwargs)
                     # With a reasoning model only EOS goes to the engine; task stops are applied
                     # to the answer after the thinking part (as lm-eval's VLLM does).
                     engine_stop = [s for s in until if s == eos] if self.think_end_token else until
-                    params.append(
-                        SamplingParams(max_tokens=max_gen_toks, stop=engine_stop, extra_args=extra or None, **kwargs)
-                    )
+                    params.append(SamplingParams(max_tokens=max_gen_toks, stop=engine_stop, **kwargs))
                     prompts.append(tokens)
                     stops.append(until)
                 with recorder.open(task) as window:
@@ -115,6 +114,7 @@ class VLLMBackend(DecodeBenchLM, VLLM):
                         finish_reason=_finish_reason(completion),
                         batch_size=len(batch),
                         ttft_s=ttft,
+                        text=text,
                     )
                     results[position] = text
                     self.cache_hook.add_partial("generate_until", requests[position].args, text)
@@ -135,3 +135,27 @@ def _finish_reason(completion) -> str:
 
 class BaselineVLLM(BaselineMethod, VLLMBackend):
     """``--model baseline --model_args backend=vllm``: vLLM's own sampler, measured."""
+
+
+class LZVLLM(LZMethod, VLLMBackend):
+    """``--model lz --model_args backend=vllm``: the LZ penalty as an engine logits processor."""
+
+    def engine_logits_processors(self) -> list:
+        if self.method_config["penalty"] != "lz":
+            return []
+        from decodebench.models.vllm_processors import LZPenaltyLogitsProcessor
+
+        return [LZPenaltyLogitsProcessor]
+
+    def adjust_sampling(self, sampling_kwargs: dict[str, Any]) -> dict[str, Any]:
+        from decodebench.models.vllm_processors import lz_extra_args
+
+        config = self.method_config
+        if config["penalty"] == "lz":
+            extra = lz_extra_args(config["strength"], config["window"], config["buffer"], config["include_prompt"])
+            sampling_kwargs["extra_args"] = {**(sampling_kwargs.get("extra_args") or {}), **extra}
+        elif config["penalty"] == "frequency":
+            sampling_kwargs["frequency_penalty"] = config["strength"]
+        elif config["penalty"] == "repetition":
+            sampling_kwargs["repetition_penalty"] = config["strength"]
+        return sampling_kwargs

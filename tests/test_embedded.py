@@ -42,8 +42,9 @@ def test_interrupted_materialization_leaves_nothing_that_loads_half_made(tmp_pat
     home = tmp_path / "home"
     env = offline_env(DECODEBENCH_HOME=str(home))
     target = embedded.checkpoint_dir(home)
-    first = subprocess.Popen([console_script("decodebench"), "prepare-model"], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    first = subprocess.Popen(
+        [console_script("decodebench"), "prepare-model"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     # Kill it the moment the checkpoint's files start to be written.
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and first.poll() is None:

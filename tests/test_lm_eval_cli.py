@@ -15,8 +15,18 @@ def baseline_run(embedded_checkpoint, tmp_path_factory):
     # Run from an unrelated folder: bundled task data must resolve wherever lm_eval runs.
     cwd = tmp_path_factory.mktemp("elsewhere")
     out = cwd / "out"
-    proc = run_lm_eval("--model", "baseline", "--tasks", "facts_mini", "--limit", LIMIT,
-                       "--output_path", str(out), "--log_samples", cwd=cwd)  # fmt: skip
+    proc = run_lm_eval(
+        "--model",
+        "baseline",
+        "--tasks",
+        "facts_mini",
+        "--limit",
+        LIMIT,
+        "--output_path",
+        str(out),
+        "--log_samples",
+        cwd=cwd,
+    )
     assert proc.returncode == 0, explain(proc)
     return out, proc
 
@@ -57,9 +67,20 @@ def test_samples_carry_per_request_measurements(baseline_run, embedded_checkpoin
 
 def test_plain_hf_model_still_works_and_matches_the_baseline(baseline_run, embedded_checkpoint, tmp_path):
     out_hf = tmp_path / "hf"
-    proc = run_lm_eval("--model", "hf", "--model_args", f"pretrained={embedded_checkpoint}",
-                       "--tasks", "facts_mini", "--limit", LIMIT, "--output_path", str(out_hf),
-                       "--log_samples", cwd=tmp_path)  # fmt: skip
+    proc = run_lm_eval(
+        "--model",
+        "hf",
+        "--model_args",
+        f"pretrained={embedded_checkpoint}",
+        "--tasks",
+        "facts_mini",
+        "--limit",
+        LIMIT,
+        "--output_path",
+        str(out_hf),
+        "--log_samples",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, explain(proc)
     ours = {s["doc_id"]: s["resps"] for s in read_samples(baseline_run[0], "facts_mini")}
     theirs = {s["doc_id"]: s["resps"] for s in read_samples(out_hf, "facts_mini")}
@@ -68,8 +89,19 @@ def test_plain_hf_model_still_works_and_matches_the_baseline(baseline_run, embed
 
 def test_unknown_model_argument_fails_clearly_and_writes_no_results(tmp_path):
     out = tmp_path / "out"
-    proc = run_lm_eval("--model", "baseline", "--model_args", "pretrained=embedded,windw=3",
-                       "--tasks", "facts_mini", "--limit", "1", "--output_path", str(out), cwd=tmp_path)  # fmt: skip
+    proc = run_lm_eval(
+        "--model",
+        "baseline",
+        "--model_args",
+        "pretrained=embedded,windw=3",
+        "--tasks",
+        "facts_mini",
+        "--limit",
+        "1",
+        "--output_path",
+        str(out),
+        cwd=tmp_path,
+    )
     assert proc.returncode != 0
     assert "Unknown model argument(s) for --model baseline with backend=hf: windw" in proc.stderr
     assert "hf arguments:" in proc.stderr and "max_length" in proc.stderr

@@ -59,8 +59,11 @@ def test_unavailable_energy_stays_unavailable_with_its_reason():
     assert summary["energy_joules"] is None and summary["joules_per_token"] is None
     assert summary["energy_unavailable_reason"] == "no counter here"
     assert recorder.energy_status() == {
-        "available": False, "source": "unavailable", "devices": [], "unavailable_reason": "no counter here",
-    }  # fmt: skip
+        "available": False,
+        "source": "unavailable",
+        "devices": [],
+        "unavailable_reason": "no counter here",
+    }
 
 
 def test_failed_window_is_not_recorded():
@@ -82,10 +85,22 @@ def test_method_stats_are_summed_per_task_and_attached_to_samples():
     recorder = Recorder(UnavailableMeter("x"))
     with recorder.open("a") as window:
         pass
-    window.record(request("a", 0), prompt_tokens=1, new_tokens=3, finish_reason="eos", batch_size=1,
-                  method_stats={"target_calls": 2, "label": "x"})  # fmt: skip
-    window.record(request("a", 1), prompt_tokens=1, new_tokens=5, finish_reason="eos", batch_size=1,
-                  method_stats={"target_calls": 3})  # fmt: skip
+    window.record(
+        request("a", 0),
+        prompt_tokens=1,
+        new_tokens=3,
+        finish_reason="eos",
+        batch_size=1,
+        method_stats={"target_calls": 2, "label": "x"},
+    )
+    window.record(
+        request("a", 1),
+        prompt_tokens=1,
+        new_tokens=5,
+        finish_reason="eos",
+        batch_size=1,
+        method_stats={"target_calls": 3},
+    )
     assert recorder.task_summaries()["a"]["method"] == {"target_calls": 5}
 
     samples = {"a": [{"doc_id": 1, "filter": "none"}, {"doc_id": 0, "filter": "none"}, {"doc_id": 7}]}

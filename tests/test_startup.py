@@ -13,8 +13,12 @@ HEAVY = ("lm_eval", "torch", "transformers", "vllm")
 def imported_modules(code: str) -> set[str]:
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", code],
-        capture_output=True, text=True, env=offline_env(), cwd=REPO.parent, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=offline_env(),
+        cwd=REPO.parent,
+        check=True,
+    )
     names = set()
     for line in proc.stderr.splitlines():
         if line.startswith("import time:") and "|" in line:
@@ -41,8 +45,9 @@ def test_registry_has_ours_and_lm_eval_builtins():
         "from lm_eval.models.huggingface import HFLM\n"
         "print(get_model('baseline').__module__, get_model('hf') is HFLM, 'vllm' in model_registry)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=offline_env(),
-                          cwd=REPO.parent)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=offline_env(), cwd=REPO.parent
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-3:] == ["decodebench.models.baseline", "True", "True"]
 
@@ -60,8 +65,7 @@ def test_task_manager_finds_our_tasks_next_to_builtins_and_user_paths(tmp_path):
         "only = TaskManager(include_path=None, include_defaults=False)\n"
         "print(len(only.all_tasks))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=offline_env(),
-                          cwd=tmp_path)  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=offline_env(), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     first, second = proc.stdout.strip().splitlines()[-2:]
     assert first.split() == ["True", "True", "True"]

@@ -20,9 +20,22 @@ ENGINE_ARGS = "gpu_memory_utilization=0.3,max_model_len=1024,enforce_eager=True"
 
 def test_baseline_generates_with_vllm_and_is_measured(embedded_checkpoint, tmp_path):
     out = tmp_path / "out"
-    proc = run_lm_eval("--model", "baseline", "--model_args", f"backend=vllm,pretrained=embedded,{ENGINE_ARGS}",
-                       "--tasks", "facts_mini", "--limit", "6", "--batch_size", "auto",
-                       "--output_path", str(out), "--log_samples", cwd=tmp_path)  # fmt: skip
+    proc = run_lm_eval(
+        "--model",
+        "baseline",
+        "--model_args",
+        f"backend=vllm,pretrained=embedded,{ENGINE_ARGS}",
+        "--tasks",
+        "facts_mini",
+        "--limit",
+        "6",
+        "--batch_size",
+        "auto",
+        "--output_path",
+        str(out),
+        "--log_samples",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, explain(proc)
     info = read_results(out)["config"]["decodebench"]
     assert info["backend"] == "vllm" and info["method"] == "baseline"
@@ -37,7 +50,59 @@ def test_baseline_generates_with_vllm_and_is_measured(embedded_checkpoint, tmp_p
 
 def test_lm_evals_own_vllm_model_still_works_on_the_cpu_build(embedded_checkpoint, tmp_path):
     out = tmp_path / "out"
-    proc = run_lm_eval("--model", "vllm", "--model_args", f"pretrained={embedded_checkpoint},{ENGINE_ARGS}",
-                       "--tasks", "facts_mini", "--limit", "2", "--output_path", str(out), cwd=tmp_path)  # fmt: skip
+    proc = run_lm_eval(
+        "--model",
+        "vllm",
+        "--model_args",
+        f"pretrained={embedded_checkpoint},{ENGINE_ARGS}",
+        "--tasks",
+        "facts_mini",
+        "--limit",
+        "2",
+        "--output_path",
+        str(out),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, explain(proc)
     assert "decodebench" not in read_results(out)["config"]
+
+
+def test_lz_processor_follows_vllms_batch_and_touches_only_its_requests(embedded_checkpoint, tmp_path):
+    import json
+    import sys
+
+    from conftest import REPO, run_command
+
+    proc = run_command(
+        [sys.executable, str(REPO / "tests" / "vllm_lz_check.py"), str(embedded_checkpoint)], cwd=tmp_path
+    )
+    assert proc.returncode == 0, explain(proc)
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    result = json.loads(line.removeprefix("RESULT "))
+    assert result["mixed_plain"] == result["alone"], "LZ rows must not change other requests"
+    for tokens in result["mixed_lz"]:  # alpha 100 forbids every token already in the window
+        assert len(tokens) >= 30 and len(set(tokens)) == len(tokens)
+    assert any(len(set(t)) < len(t) for t in result["alone"]), "plain greedy decoding should repeat tokens"
+
+
+def test_lz_model_runs_through_lm_eval_on_vllm(embedded_checkpoint, tmp_path):
+    out = tmp_path / "out"
+    proc = run_lm_eval(
+        "--model",
+        "lz",
+        "--model_args",
+        f"backend=vllm,pretrained=embedded,{ENGINE_ARGS}",
+        "--tasks",
+        "facts_mini",
+        "--limit",
+        "4",
+        "--batch_size",
+        "auto",
+        "--output_path",
+        str(out),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, explain(proc)
+    info = read_results(out)["config"]["decodebench"]
+    assert info["backend"] == "vllm" and info["method"] == "lz" and info["method_args"]["strength"] == 0.15
+    assert info["tasks"]["facts_mini"]["new_tokens"] > 0

@@ -1,0 +1,109 @@
+"""`--model lz` for real: the processors on the embedded model, and through the lm_eval command."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import explain, read_results, results_files, run_lm_eval
+
+from decodebench.models.processors import FrequencyPenaltyLogitsProcessor, LZPenaltyLogitsProcessor
+
+pytestmark = pytest.mark.model
+
+PROMPT = "List the days of the week, again and again:"
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(embedded_checkpoint):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_checkpoint)
+    model = AutoModelForCausalLM.from_pretrained(embedded_checkpoint, dtype=torch.float32)
+    return model, tokenizer
+
+
+def generate(model, tokenizer, processors, new_tokens=40):
+    from transformers import LogitsProcessorList
+
+    ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    out = model.generate(
+        ids,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        logits_processor=LogitsProcessorList(processors),
+        pad_token_id=tokenizer.eos_token_id,
+    )
+    return out[0, ids.shape[1] :].tolist(), ids.shape[1]
+
+
+def test_strong_lz_penalty_forbids_every_token_already_in_the_window(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    plain, width = generate(model, tokenizer, [])
+    assert len(set(plain)) < len(plain), "the prompt should make greedy decoding repeat itself"
+    penalized, _ = generate(model, tokenizer, [LZPenaltyLogitsProcessor(100.0, 512, 32, width)])
+    assert len(set(penalized)) == len(penalized)
+
+
+def test_zero_strength_changes_nothing_and_default_strength_changes_a_loop(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    plain, width = generate(model, tokenizer, [])
+    assert generate(model, tokenizer, [LZPenaltyLogitsProcessor(0.0, 512, 32, width)])[0] == plain
+    assert generate(model, tokenizer, [FrequencyPenaltyLogitsProcessor(0.0, width)])[0] == plain
+    assert generate(model, tokenizer, [LZPenaltyLogitsProcessor(0.15, 512, 32, width)])[0] != plain
+
+
+def test_frequency_processor_subtracts_counts_of_generated_tokens_only():
+    scores = torch.zeros(1, 6)
+    input_ids = torch.tensor([[5, 5, 1, 2, 2, 2]])  # prompt [5, 5]; generated 1, 2, 2, 2
+    out = FrequencyPenaltyLogitsProcessor(0.5, prompt_width=2)(input_ids, scores)
+    assert out.tolist() == [[0.0, -0.5, -1.5, 0.0, 0.0, 0.0]]
+
+
+@pytest.mark.slow
+def test_lm_eval_runs_each_penalty_and_records_its_arguments(embedded_checkpoint, tmp_path):
+    out = tmp_path / "out"
+    proc = run_lm_eval(
+        "--model",
+        "lz",
+        "--model_args",
+        "penalty=frequency,strength=0.5",
+        "--tasks",
+        "facts_mini",
+        "--limit",
+        "2",
+        "--output_path",
+        str(out),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, explain(proc)
+    info = read_results(out)["config"]["decodebench"]
+    assert info["method"] == "lz" and info["method_args"] == {
+        "penalty": "frequency",
+        "strength": 0.5,
+        "window": 512,
+        "buffer": 32,
+        "include_prompt": False,
+    }
+    assert info["tasks"]["facts_mini"]["degenerate_rate"] == 0.0
+
+
+@pytest.mark.slow
+def test_bad_lz_sizes_fail_before_loading_and_leave_no_results(tmp_path):
+    out = tmp_path / "out"
+    proc = run_lm_eval(
+        "--model",
+        "lz",
+        "--model_args",
+        "window=32,buffer=32",
+        "--tasks",
+        "facts_mini",
+        "--limit",
+        "1",
+        "--output_path",
+        str(out),
+        cwd=tmp_path,
+    )
+    assert proc.returncode != 0
+    assert "window must be larger than buffer, got window=32, buffer=32" in proc.stderr
+    assert results_files(out) == []
