@@ -52,6 +52,25 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(out=args.out, limit=args.limit, methods=args.methods, tasks=args.tasks)
 
 
+def _lz_study(args: argparse.Namespace) -> int:
+    from decodebench.lzstudy import run_study
+
+    return run_study(
+        out=args.out,
+        doc=args.doc,
+        backend=args.backend,
+        limit=args.limit,
+        max_gen_toks=args.max_gen_toks,
+        batch_size=args.batch_size,
+    )
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from decodebench.bench import lz
+
+    return lz.run(doc=args.doc or f"docs/benchmarks/{args.name}.md", rounds=args.rounds, quick=args.quick)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="decodebench",
@@ -84,6 +103,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--tasks", default=None, help="comma-separated tasks (default: the mini tasks)")
     demo.set_defaults(func=_demo)
+
+    study = sub.add_parser(
+        "lz-study",
+        help="the LZ penalty study: repetition and task score for each penalty, written to docs/lz-study.md",
+        description="Runs lm_eval --model lz once per penalty setting (none, frequency sweep, repetition "
+        "1.1/1.2/1.3, lz 0.15) on math_word_mini with the embedded model, greedy, and writes a Markdown table.",
+    )
+    study.add_argument("--backend", default="vllm", choices=("hf", "vllm"), help="inference backend (default vllm)")
+    study.add_argument("--out", default="results/lz-study", help="lm_eval output folder")
+    study.add_argument("--doc", default="docs/lz-study.md", help="where to write the table")
+    study.add_argument("--limit", type=int, default=None, help="problems per run (default: all 16)")
+    study.add_argument("--max-gen-toks", type=int, default=None, help="override the task's 1024 new tokens")
+    study.add_argument("--batch-size", default="auto", help="lm_eval --batch_size (default auto)")
+    study.set_defaults(func=_lz_study)
+
+    bench = sub.add_parser(
+        "bench",
+        help="benchmarks that write docs/benchmarks/NAME.md (lz)",
+        description="lz: LZ kernel time per decode step, and end-to-end slowdown of the LZ penalty on vLLM and "
+        "transformers with the embedded model.",
+    )
+    bench.add_argument("name", choices=("lz",), help="which benchmark")
+    bench.add_argument("--doc", default=None, help="output Markdown (default docs/benchmarks/NAME.md)")
+    bench.add_argument("--rounds", type=int, default=3, help="alternating rounds per setting (default 3)")
+    bench.add_argument("--quick", action="store_true", help="small sizes, to check that it runs")
+    bench.set_defaults(func=_bench)
 
     info = sub.add_parser("info", help="show the cache folder, embedded model and energy meter status")
     info.set_defaults(func=_info)

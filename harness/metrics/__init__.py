@@ -1,5 +1,6 @@
 """Metrics of the papers decodebench reproduces (public API: import from ``decodebench.metrics``)."""
 
+from decodebench.metrics.infinigram import Agreement, infinigram_agreement
 from decodebench.metrics.repetition import Repetition, degenerate_repetition, find_degenerate_repetition
 from decodebench.metrics.squad import (
     normalize_answer,
@@ -10,9 +11,11 @@ from decodebench.metrics.squad import (
 )
 
 __all__ = [
+    "Agreement",
     "Repetition",
     "degenerate_repetition",
     "find_degenerate_repetition",
+    "infinigram_agreement",
     "normalize_answer",
     "nugget_normalize",
     "squad_exact_match",

@@ -1,0 +1,1 @@
+"""Benchmarks that write the docs under docs/benchmarks/ (``decodebench bench NAME``)."""

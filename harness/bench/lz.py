@@ -1,0 +1,194 @@
+"""LZ penalty benchmarks: kernel time per decode step, and end-to-end slowdown against no penalty.
+
+``decodebench bench lz`` writes docs/benchmarks/lz.md:
+
+1. the kernel (``apply_lz_penalty_``: what a decode step runs) at batch 1, 16 and 64 with
+   V = 49152 and V = 131072, window 512, buffer 32, on the CPU and on CUDA when present;
+2. end-to-end throughput of the embedded model with the LZ penalty against no penalty, batch 16,
+   1024-token contexts, 64 new tokens (EOS ignored, so every run decodes the same number of
+   tokens), on vLLM (the LZ logits processor in the engine) and on transformers
+   (``model.generate`` with the LogitsProcessor). Settings alternate A/B to spread drift.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from decodebench.kernels.lz import apply_lz_penalty_, lz_codelengths
+
+WINDOW, BUFFER = 512, 32
+
+
+def _time(fn, device: str, repeats: int) -> float:
+    """Median seconds of ``fn`` over ``repeats`` calls after a warm-up."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    fn()
+    sync()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def kernel_rows(device: str, repeats: int = 30) -> list[dict]:
+    rows = []
+    generator = torch.Generator().manual_seed(0)
+    for vocab in (49152, 131072):
+        for batch in (1, 16, 64):
+            history = torch.randint(0, vocab, (batch, WINDOW + BUFFER), generator=generator).to(device)
+            lengths = torch.full((batch,), WINDOW + BUFFER, device=device)
+            logits = torch.randn(batch, vocab, generator=generator).to(device)
+            step = partial(apply_lz_penalty_, logits, history, lengths, 0.15, WINDOW, BUFFER)
+            dense = partial(lz_codelengths, history, lengths, vocab, WINDOW, BUFFER)
+            step, dense = _time(step, device, repeats), _time(dense, device, repeats)
+            rows.append(
+                {"device": device, "vocab": vocab, "batch": batch, "step_ms": step * 1e3, "dense_ms": dense * 1e3}
+            )
+    return rows
+
+
+def contexts(tokenizer, batch: int, length: int) -> list[list[int]]:
+    """Deterministic 1024-token contexts cut from the bundled task texts, one offset per row."""
+    from decodebench.lmeval_plugin import TASKS_DIR
+
+    text = " ".join(p.read_text() for p in sorted(TASKS_DIR.glob("*/*.jsonl")))
+    ids = tokenizer(text).input_ids
+    while len(ids) < length + 97 * batch:
+        ids = ids + ids
+    return [ids[97 * row : 97 * row + length] for row in range(batch)]
+
+
+def hf_rows(checkpoint: Path, batch: int, context: int, new_tokens: int, rounds: int) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList
+
+    from decodebench.models.processors import LZPenaltyLogitsProcessor
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    input_ids = torch.tensor(contexts(tokenizer, batch, context))
+    settings = {
+        "none": [],
+        "lz": [LZPenaltyLogitsProcessor(0.15, WINDOW, BUFFER, prompt_width=input_ids.shape[1])],
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in settings}
+    for _ in range(rounds):
+        for name, processors in settings.items():
+            start = time.perf_counter()
+            with torch.inference_mode():
+                model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=new_tokens,
+                               min_new_tokens=new_tokens, do_sample=False, pad_token_id=tokenizer.eos_token_id,
+                               logits_processor=LogitsProcessorList(processors))  # fmt: skip
+            seconds[name].append(time.perf_counter() - start)
+    return {name: batch * new_tokens / statistics.median(values) for name, values in seconds.items()}
+
+
+_VLLM_SCRIPT = """
+import json, statistics, sys, time
+if __name__ == "__main__":
+    from vllm import LLM, SamplingParams, TokensPrompt
+    from decodebench.models.vllm_processors import LZPenaltyLogitsProcessor, lz_extra_args
+    checkpoint, prompts, new_tokens, rounds = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    llm = LLM(model=checkpoint, gpu_memory_utilization=0.3, max_model_len=2048, seed=0,
+              logits_processors=[LZPenaltyLogitsProcessor])
+    inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+    settings = {"none": None, "lz": lz_extra_args(0.15, 512, 32, False)}
+    params = {k: SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True, extra_args=v)
+              for k, v in settings.items()}
+    llm.generate(inputs, params["none"], use_tqdm=False)  # warm-up
+    seconds = {k: [] for k in settings}
+    for _ in range(rounds):
+        for name in settings:
+            start = time.perf_counter()
+            outs = llm.generate(inputs, params[name], use_tqdm=False)
+            seconds[name].append(time.perf_counter() - start)
+            assert all(len(o.outputs[0].token_ids) == new_tokens for o in outs)
+    tps = {k: len(prompts) * new_tokens / statistics.median(v) for k, v in seconds.items()}
+    print("RESULT " + json.dumps(tps))
+"""
+
+
+def vllm_rows(checkpoint: Path, batch: int, context: int, new_tokens: int, rounds: int) -> dict | str:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return "vLLM is not installed in this environment"
+    from transformers import AutoTokenizer
+
+    prompts = contexts(AutoTokenizer.from_pretrained(checkpoint), batch, context)
+    proc = subprocess.run(
+        [sys.executable, "-c", _VLLM_SCRIPT, str(checkpoint), json.dumps(prompts), str(new_tokens), str(rounds)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        return f"vLLM run failed: {proc.stderr[-500:]}"
+    return json.loads(lines[0].removeprefix("RESULT "))
+
+
+def run(doc: str | Path = "docs/benchmarks/lz.md", rounds: int = 3, quick: bool = False) -> int:
+    from decodebench.embedded import ensure_embedded_model
+    from decodebench.machine import describe, short_name
+
+    checkpoint = ensure_embedded_model(log=print)
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    kernels = [row for device in devices for row in kernel_rows(device, repeats=5 if quick else 30)]
+    batch, context, new_tokens = (4, 256, 16) if quick else (16, 1024, 64)
+    print("kernels done; transformers end-to-end ...", flush=True)
+    hf = hf_rows(checkpoint, batch, context, new_tokens, rounds)
+    print("transformers done; vLLM end-to-end ...", flush=True)
+    vllm = vllm_rows(checkpoint, batch, context, new_tokens, rounds)
+    machine = describe(devices[-1])
+    lines = [
+        "# LZ penalty benchmarks",
+        "",
+        f"Written by `decodebench bench lz{' --quick' if quick else ''}` on {datetime.now(UTC):%Y-%m-%d}, "
+        f"machine: {short_name(machine)} (torch {machine['versions'].get('torch')}).",
+        "",
+        "## Kernel time per decode step",
+        "",
+        f"`apply_lz_penalty_` (what each decode step runs) and `lz_codelengths` (the dense [N, V] codelengths), "
+        f"window {WINDOW}, buffer {BUFFER}, full histories; median of repeated calls.",
+        "",
+        "| device | V | batch | per step (ms) | dense codelengths (ms) |",
+        "|---|---:|---:|---:|---:|",
+        *(
+            f"| {r['device']} | {r['vocab']} | {r['batch']} | {r['step_ms']:.2f} | {r['dense_ms']:.2f} |"
+            for r in kernels
+        ),
+        "",
+        f"## End-to-end: LZ penalty against no penalty (batch {batch}, {context}-token contexts, "
+        f"{new_tokens} new tokens, embedded model)",
+        "",
+        "| backend | no penalty (tokens/s) | LZ 0.15 (tokens/s) | slowdown |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, result in (("vLLM (LZ logits processor in the engine)", vllm), ("transformers", hf)):
+        if isinstance(result, str):
+            lines.append(f"| {name} | - | - | not measured: {result} |")
+        else:
+            slowdown = 1 - result["lz"] / result["none"]
+            lines.append(f"| {name} | {result['none']:.1f} | {result['lz']:.1f} | {slowdown:+.2%} |")
+    lines += [
+        "",
+        f"Tokens/s is the median over {rounds} alternating rounds of each setting; a negative slowdown means the "
+        "penalized runs happened to be faster (run-to-run noise on a shared machine).",
+        "",
+    ]
+    doc = Path(doc)
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text("\n".join(lines))
+    print("\n".join(lines))
+    print(f"written to {doc}")
+    return 0
