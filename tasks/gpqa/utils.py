@@ -1,0 +1,67 @@
+import hashlib
+import random
+import re
+from pathlib import Path
+
+from decodebench.taskdata import load_jsonl
+from decodebench.taskmetrics import generation_metrics
+
+LETTERS = "ABCD"
+_ANSWER_IS = re.compile(r"answer is:?\s*\(?\s*([ABCD])\b", re.IGNORECASE)
+_PARENS = re.compile(r"\(([ABCD])\)")
+_TRAILING = re.compile(r"\b([ABCD])\W*$")
+
+
+def shuffled(record: dict) -> dict:
+    """The four choices in an order fixed by the question text (reproducible without a seed)."""
+    choices = [record["Correct Answer"], record["Incorrect Answer 1"], record["Incorrect Answer 2"],
+               record["Incorrect Answer 3"]]  # fmt: skip
+    choices = [c.strip() for c in choices]
+    seed = int(hashlib.sha256(record["Question"].encode()).hexdigest()[:8], 16)
+    order = random.Random(seed).sample(range(4), 4)
+    return {
+        "question": record["Question"].strip(),
+        "choices": [choices[i] for i in order],
+        "answer": LETTERS[order.index(0)],
+    }
+
+
+def _dataset(records):
+    from datasets import Dataset, DatasetDict
+
+    return DatasetDict({"train": Dataset.from_list([shuffled(r) for r in records])})
+
+
+def load_mini(**kwargs):
+    return _dataset(load_jsonl(Path(__file__).with_name("gpqa_mini.jsonl")))
+
+
+def load_gpqa(**kwargs):
+    from datasets import load_dataset
+
+    try:
+        records = load_dataset("Idavidrein/gpqa", "gpqa_diamond", split="train")
+    except Exception as exc:
+        message = str(exc).lower()
+        if any(word in message for word in ("gated", "401", "403", "authenticat", "access")):
+            raise RuntimeError(
+                "GPQA is a gated dataset: accept its terms on https://huggingface.co/datasets/Idavidrein/gpqa, "
+                f"then log in with `hf auth login` or set HF_TOKEN ({exc})"
+            ) from exc
+        raise
+    return _dataset(records)
+
+
+def extract_letter(text: str) -> str | None:
+    """The answer letter: the last "answer is (X)", else the last "(X)", else a trailing letter."""
+    for pattern in (_ANSWER_IS, _PARENS):
+        found = pattern.findall(text)
+        if found:
+            return found[-1].upper()
+    trailing = _TRAILING.search(text.strip())
+    return trailing.group(1) if trailing else None
+
+
+def process_results(doc, results):
+    prediction = results[0]
+    return {"exact_match": float(extract_letter(prediction) == doc["answer"]), **generation_metrics(prediction)}
