@@ -49,7 +49,7 @@ def _info(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from decodebench.demo import run_demo
 
-    return run_demo(out=args.out, limit=args.limit, methods=args.methods, tasks=args.tasks)
+    return run_demo(out=args.out, limit=args.limit or None, methods=args.methods, tasks=args.tasks)
 
 
 def _lz_study(args: argparse.Namespace) -> int:
@@ -65,10 +65,43 @@ def _lz_study(args: argparse.Namespace) -> int:
     )
 
 
+def _build_index(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from decodebench.infinigram import InfinigramIndexError, build_index, read_corpus
+
+    name = args.tokenizer
+    if name == "embedded":
+        from decodebench.embedded import ensure_embedded_model
+
+        name = str(ensure_embedded_model(log=lambda msg: print(msg, file=sys.stderr)))
+    try:
+        info = build_index(
+            read_corpus(Path(args.corpus)),
+            Path(args.out),
+            AutoTokenizer.from_pretrained(name),
+            name,
+            mem_gib=args.mem,
+            log=lambda msg: print(msg, file=sys.stderr),
+        )
+    except InfinigramIndexError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(info.path)
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
+    doc = args.doc or f"docs/benchmarks/{args.name}.md"
+    if args.name == "metrics":
+        from decodebench.bench import metrics
+
+        return metrics.run(doc=doc)
     from decodebench.bench import lz
 
-    return lz.run(doc=args.doc or f"docs/benchmarks/{args.name}.md", rounds=args.rounds, quick=args.quick)
+    return lz.run(doc=doc, rounds=args.rounds, quick=args.quick)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the embedded model, writes results under --out and prints where they are.",
     )
     demo.add_argument("--out", default="results", help="output folder (default: results)")
-    demo.add_argument("--limit", type=int, default=None, help="documents per task (default: all)")
+    demo.add_argument("--limit", type=int, default=4, help="documents per task (default 4; 0 for all)")
     demo.add_argument(
         "--methods", default=None, help="comma-separated runs to do (default: all; see decodebench.demo.RUNS)"
     )
@@ -120,15 +153,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser(
         "bench",
-        help="benchmarks that write docs/benchmarks/NAME.md (lz)",
+        help="benchmarks that write docs/benchmarks/NAME.md (lz, metrics)",
         description="lz: LZ kernel time per decode step, and end-to-end slowdown of the LZ penalty on vLLM and "
-        "transformers with the embedded model.",
+        "transformers with the embedded model. metrics: degenerate repetition, Spider execution accuracy and "
+        "infini-gram agreement at scale.",
     )
-    bench.add_argument("name", choices=("lz",), help="which benchmark")
+    bench.add_argument("name", choices=("lz", "metrics"), help="which benchmark")
     bench.add_argument("--doc", default=None, help="output Markdown (default docs/benchmarks/NAME.md)")
     bench.add_argument("--rounds", type=int, default=3, help="alternating rounds per setting (default 3)")
     bench.add_argument("--quick", action="store_true", help="small sizes, to check that it runs")
     bench.set_defaults(func=_bench)
+
+    index = sub.add_parser(
+        "build-index",
+        help="build an infini-gram index of a corpus with a model's tokenizer",
+        description="Tokenizes a .jsonl ('text' field) or .txt corpus, or a folder of them, with the given "
+        "tokenizer and builds an infini-gram suffix-array index that `DECODEBENCH_INFINIGRAM_INDEX` and "
+        "decodebench.metrics.infinigram_agreement(index=...) accept.",
+    )
+    index.add_argument("corpus", help="a .jsonl or .txt file, or a folder of them")
+    index.add_argument("--out", required=True, help="the index folder to create")
+    index.add_argument(
+        "--tokenizer", default="embedded", help="hub id or local path of a tokenizer (default: the embedded model's)"
+    )
+    index.add_argument("--mem", type=int, default=2, help="GiB of memory the indexer may use (default 2)")
+    index.set_defaults(func=_build_index)
 
     info = sub.add_parser("info", help="show the cache folder, embedded model and energy meter status")
     info.set_defaults(func=_info)

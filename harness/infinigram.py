@@ -87,8 +87,14 @@ def read_corpus(path: Path) -> Iterable[str]:
             yield from (p for p in file.read_text(encoding="utf-8").split("\n\n") if p.strip())
 
 
-def build_index(documents: Iterable[str | list[int]], out: Path, tokenizer, tokenizer_name: str, mem_gib: int = 2,
-                log: Callable[[str], None] = print) -> IndexInfo:  # fmt: skip
+def build_index(
+    documents: Iterable[str | list[int]],
+    out: Path,
+    tokenizer,
+    tokenizer_name: str,
+    mem_gib: int = 2,
+    log: Callable[[str], None] = print,
+) -> IndexInfo:
     """Tokenize ``documents`` (texts, or token id lists already) and build an infini-gram index at ``out``.
 
     Written in a temporary folder and renamed into place, like the embedded model.
@@ -122,9 +128,22 @@ def build_index(documents: Iterable[str | list[int]], out: Path, tokenizer, toke
         log(f"tokenized {n_docs} documents, {n_tokens} tokens; building the suffix array ...")
         with tempfile.TemporaryDirectory() as empty:
             command = [
-                sys.executable, "-m", "infini_gram.indexing", "--data_dir", empty, "--save_dir", str(partial),
-                "--token_dtype", dtype_name, "--cpus", "1", "--mem", str(mem_gib), "--ulimit", "1024",
-            ]  # fmt: skip
+                sys.executable,
+                "-m",
+                "infini_gram.indexing",
+                "--data_dir",
+                empty,
+                "--save_dir",
+                str(partial),
+                "--token_dtype",
+                dtype_name,
+                "--cpus",
+                "1",
+                "--mem",
+                str(mem_gib),
+                "--ulimit",
+                "1024",
+            ]
             proc = subprocess.run(command, capture_output=True, text=True)
         if proc.returncode != 0 or not (partial / "table.0").is_file():
             raise InfinigramIndexError(f"infini-gram's indexer failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
@@ -171,16 +190,23 @@ def check_index(path: str | Path) -> IndexInfo:
         offsets = (path / f"offset.{suffix}").stat().st_size if (path / f"offset.{suffix}").exists() else -1
         n_tokens = data_size // width
         if data_size % width or n_tokens == 0 or table_size <= 0 or table_size % n_tokens or offsets % 8:
-            raise InfinigramIndexError(f"{path} is corrupt: shard {suffix} has inconsistent sizes (data {data_size}, "
-                              f"table {table_size}, offsets {offsets} bytes)")  # fmt: skip
+            raise InfinigramIndexError(
+                f"{path} is corrupt: shard {suffix} has inconsistent sizes (data {data_size}, "
+                f"table {table_size}, offsets {offsets} bytes)"
+            )
         pointer_bytes = table_size // n_tokens
         if not 1 <= pointer_bytes <= 8 or 2 ** (8 * pointer_bytes) < data_size:
             raise InfinigramIndexError(
                 f"{path} is corrupt: suffix array entries of {pointer_bytes} bytes for {data_size} bytes"
             )
     fields = {k: meta.get(k) for k in ("tokenizer", "tokenizer_fingerprint", "vocab_size", "eos_token_id")}
-    return IndexInfo(path=path, token_dtype=meta["token_dtype"], documents=meta.get("documents", -1),
-                     tokens=meta.get("tokens", -1), **fields)  # fmt: skip
+    return IndexInfo(
+        path=path,
+        token_dtype=meta["token_dtype"],
+        documents=meta.get("documents", -1),
+        tokens=meta.get("tokens", -1),
+        **fields,
+    )
 
 
 class Index:
@@ -203,9 +229,14 @@ class Index:
         # binary-search step, which pay off on disk) only costs time: about 4x per query here.
         in_ram = sum(f.stat().st_size for f in self.info.path.iterdir()) < RAM_INDEX_BYTES
         prefetch = {"ds_prefetch_depth": 0, "sa_prefetch_depth": 0, "od_prefetch_depth": 0} if in_ram else {}
-        self.engine = InfiniGramEngine(index_dir=str(self.info.path), eos_token_id=self.info.eos_token_id,
-                                       vocab_size=max(self.info.vocab_size, 1), token_dtype=self.info.token_dtype,
-                                       load_to_ram=in_ram, **prefetch)  # fmt: skip
+        self.engine = InfiniGramEngine(
+            index_dir=str(self.info.path),
+            eos_token_id=self.info.eos_token_id,
+            vocab_size=max(self.info.vocab_size, 1),
+            token_dtype=self.info.token_dtype,
+            load_to_ram=in_ram,
+            **prefetch,
+        )
         total = self.engine.count([])
         if "error" in total:
             raise InfinigramIndexError(f"the infini-gram engine cannot read {path}: {total['error']}")

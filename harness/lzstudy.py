@@ -67,10 +67,22 @@ def run_study(
             model_args += f",{VLLM_ARGS}"
         folder = out / setting.name.replace(" ", "-")
         command = [
-            sys.executable, "-m", "lm_eval", "--model", "lz", "--model_args", model_args,
-            "--tasks", TASK, "--apply_chat_template", "--batch_size", batch_size,
-            "--output_path", str(folder), "--log_samples",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "lm_eval",
+            "--model",
+            "lz",
+            "--model_args",
+            model_args,
+            "--tasks",
+            TASK,
+            "--apply_chat_template",
+            "--batch_size",
+            batch_size,
+            "--output_path",
+            str(folder),
+            "--log_samples",
+        ]
         if limit is not None:
             command += ["--limit", str(limit)]
         if max_gen_toks is not None:

@@ -106,6 +106,12 @@ class HFBackend(DecodeBenchLM, HFLM):
         """Keyword arguments for ``model.generate`` on this batch (unchanged by default)."""
         return generation_kwargs
 
+    def score_batch(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: list[list[int]]
+    ) -> list[dict[str, Any]] | None:
+        """Per-row statistics computed after decoding, outside the timed window (none by default)."""
+        return None
+
     def decode_batch(
         self,
         input_ids: torch.Tensor,
@@ -171,6 +177,7 @@ class HFBackend(DecodeBenchLM, HFLM):
                     )
                     rows = out.tokens.tolist() if isinstance(out.tokens, torch.Tensor) else out.tokens
                 ttft = out.first_token_at - window.started_at if out.first_token_at else None
+                scores = self.score_batch(input_ids, attention_mask, rows)  # outside the timed window
                 prompt_lengths = attention_mask.sum(dim=1).tolist()
                 for row, position in enumerate(batch):
                     text, new_tokens, finish = self._finish_row(rows[row], until)
@@ -181,7 +188,10 @@ class HFBackend(DecodeBenchLM, HFLM):
                         finish_reason=finish,
                         batch_size=len(batch),
                         ttft_s=ttft,
-                        method_stats=out.row_stats[row] if out.row_stats else None,
+                        method_stats={
+                            **(out.row_stats[row] if out.row_stats else {}),
+                            **(scores[row] if scores else {}),
+                        },
                         text=text,
                     )
                     results[position] = text

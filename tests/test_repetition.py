@@ -91,3 +91,10 @@ def test_loops_agree_with_a_brute_force_count(prefix, unit, copies, suffix, min_
         if naive_max_copies(seq, period) >= min_count:
             assert any(period % loop.period == 0 for loop in loops), (seq, period)
     assert (detect(np.array(seq, dtype=np.int64), min_count=min_count, drift=False) is not None) == bool(loops)
+
+
+def test_a_template_that_only_counts_up_is_a_loop():
+    lines = "".join(f"{n}. Now, multiply 1 by {n - 5} to get {n - 4}.\n" for n in range(6, 40))
+    found = find_degenerate_repetition("1. First, convert the numbers.\n" + lines)
+    assert found.degenerate and found.count >= 30
+    assert not degenerate_repetition("1. Buy milk.\n2. Walk the dog.\n3. Call Anna.\n4. Pay the rent.\n")

@@ -62,8 +62,13 @@ def test_aime_glue_keeps_lm_evals_exact_match():
 
 def test_gpqa_shuffles_reproducibly_and_extracts_the_letter():
     utils = task_utils("gpqa")
-    record = {"Question": "Q?", "Correct Answer": "right", "Incorrect Answer 1": "w1",
-              "Incorrect Answer 2": "w2", "Incorrect Answer 3": "w3"}  # fmt: skip
+    record = {
+        "Question": "Q?",
+        "Correct Answer": "right",
+        "Incorrect Answer 1": "w1",
+        "Incorrect Answer 2": "w2",
+        "Incorrect Answer 3": "w3",
+    }
     doc = utils.shuffled(record)
     assert doc == utils.shuffled(record) and sorted(doc["choices"]) == ["right", "w1", "w2", "w3"]
     assert doc["choices"]["ABCD".index(doc["answer"])] == "right"

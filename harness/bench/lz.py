@@ -87,9 +87,15 @@ def hf_rows(checkpoint: Path, batch: int, context: int, new_tokens: int, rounds:
         for name, processors in settings.items():
             start = time.perf_counter()
             with torch.inference_mode():
-                model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=new_tokens,
-                               min_new_tokens=new_tokens, do_sample=False, pad_token_id=tokenizer.eos_token_id,
-                               logits_processor=LogitsProcessorList(processors))  # fmt: skip
+                model.generate(
+                    input_ids,
+                    attention_mask=torch.ones_like(input_ids),
+                    max_new_tokens=new_tokens,
+                    min_new_tokens=new_tokens,
+                    do_sample=False,
+                    pad_token_id=tokenizer.eos_token_id,
+                    logits_processor=LogitsProcessorList(processors),
+                )
             seconds[name].append(time.perf_counter() - start)
     return {name: batch * new_tokens / statistics.median(values) for name, values in seconds.items()}
 
@@ -129,8 +135,9 @@ def vllm_rows(checkpoint: Path, batch: int, context: int, new_tokens: int, round
     prompts = contexts(AutoTokenizer.from_pretrained(checkpoint), batch, context)
     proc = subprocess.run(
         [sys.executable, "-c", _VLLM_SCRIPT, str(checkpoint), json.dumps(prompts), str(new_tokens), str(rounds)],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         return f"vLLM run failed: {proc.stderr[-500:]}"

@@ -64,8 +64,12 @@ def resolve_index(index: Index | str | Path | None) -> Index:
     return open_index(str(Path(index).resolve()))
 
 
-def infinigram_agreement(continuation: str | Sequence[int], index: Index | str | Path | None = None,
-                         context: str | Sequence[int] = (), threshold: float = 0.5) -> Agreement:  # fmt: skip
+def infinigram_agreement(
+    continuation: str | Sequence[int],
+    index: Index | str | Path | None = None,
+    context: str | Sequence[int] = (),
+    threshold: float = 0.5,
+) -> Agreement:
     """Agreement of ``continuation`` with the index's corpus, each token given everything before it.
 
     Texts are tokenized with the tokenizer the index was built with; token ids are taken as they

@@ -4,6 +4,10 @@ Text is cut into pieces (words, runs of punctuation, runs of whitespace) so that
 is the unit ["Non", "!", " "] and a long rule of "=====" is one piece, then
 ``decodebench.kernels.repetition`` looks for a unit repeated back to back at least 20 times
 (strict loop), or for drifting loops (kernels/repetition.py explains both).
+
+Numbers count as one and the same piece: a template that only counts up ("45. Now, multiply 1
+by 40 to get 41." then "46. Now, ..."), which small models fall into on math problems, is a
+loop too. Normal text is not affected: its consecutive sentences differ in words.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from decodebench.kernels.repetition import detect
 
 PIECES = re.compile(r"\w+|[^\w\s]+|\s+")
 MIN_COPIES = 20
+NUMBER = "<number>"
 
 
 @dataclass(frozen=True)
@@ -42,8 +47,8 @@ def find_degenerate_repetition(text: str, min_copies: int = MIN_COPIES, drift: b
     pieces = PIECES.findall(text)
     if not pieces:
         return Repetition(False)
-    ids: dict[str, int] = {}
-    seq = np.array([ids.setdefault(piece, len(ids)) for piece in pieces], dtype=np.int64)
+    ids: dict[str, int] = {NUMBER: 0}
+    seq = np.array([ids.setdefault(NUMBER if piece.isdigit() else piece, len(ids)) for piece in pieces], dtype=np.int64)
     found = detect(seq, min_count=min_copies, drift=drift)
     if found is None:
         return Repetition(False)

@@ -124,8 +124,9 @@ def results_equal(gold: list[tuple], pred: list[tuple], order_matters: bool) -> 
     return False
 
 
-def spider_execution_accuracy(prediction: str, gold_sql: str, db_path: str | Path, timeout_s: float = 10.0,
-                              keep_distinct: bool = False) -> float:  # fmt: skip
+def spider_execution_accuracy(
+    prediction: str, gold_sql: str, db_path: str | Path, timeout_s: float = 10.0, keep_distinct: bool = False
+) -> float:
     """1.0 when the prediction's SQL returns the gold query's result on ``db_path``, else 0.0."""
     conn = _open(db_path)
     try:

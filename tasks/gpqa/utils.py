@@ -14,8 +14,12 @@ _TRAILING = re.compile(r"\b([ABCD])\W*$")
 
 def shuffled(record: dict) -> dict:
     """The four choices in an order fixed by the question text (reproducible without a seed)."""
-    choices = [record["Correct Answer"], record["Incorrect Answer 1"], record["Incorrect Answer 2"],
-               record["Incorrect Answer 3"]]  # fmt: skip
+    choices = [
+        record["Correct Answer"],
+        record["Incorrect Answer 1"],
+        record["Incorrect Answer 2"],
+        record["Incorrect Answer 3"],
+    ]
     choices = [c.strip() for c in choices]
     seed = int(hashlib.sha256(record["Question"].encode()).hexdigest()[:8], 16)
     order = random.Random(seed).sample(range(4), 4)

@@ -46,8 +46,15 @@ def _with_databases(records, db_dir: Path):
     rows = []
     for record in records:
         files = database_files(db_dir, record["db_id"])
-        rows.append({"db_id": record["db_id"], "question": record["question"], "query": record["query"],
-                     "db_paths": files, "schema": schema(files[0])})  # fmt: skip
+        rows.append(
+            {
+                "db_id": record["db_id"],
+                "question": record["question"],
+                "query": record["query"],
+                "db_paths": files,
+                "schema": schema(files[0]),
+            }
+        )
     return DatasetDict({"validation": Dataset.from_list(rows)})
 
 

@@ -1,0 +1,124 @@
+"""Verification kernels of multi-token assisted decoding and of speculative sampling.
+
+MTAD (Qin et al., "Optimized multi-token joint decoding with auxiliary model", section 3.2 and
+Algorithm 1) verifies a *joint* likelihood: the auxiliary model drafts ``x_1..x_gamma`` by beam
+search, the target scores every draft prefix in one forward pass, and the longest prefix ``j``
+with ``min(1, p(x_1..j) / q(x_1..j)) > tau`` is accepted (not per token, and not stopping at the
+first prefix that fails: Algorithm 1, lines 6-13). One more token then comes from the target.
+
+Speculative sampling (Leviathan et al. 2023; Chen et al. 2023) accepts draft token ``i`` with
+probability ``min(1, p_i / q_i)`` until the first rejection, then samples from
+``norm(max(0, p - q))``; with every draft token accepted, a bonus token comes from ``p``. Its
+output follows the target distribution exactly, which tests/test_mtad_kernels.py checks.
+
+All functions are batched over rows, work in log space where products of probabilities are
+involved, and are identical on CPU and CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def check_mtad_args(gamma: int, beams: int, tau: float) -> None:
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
+    if isinstance(beams, bool) or not isinstance(beams, int) or beams < 1:
+        raise ValueError(f"beams must be an integer >= 1, got {beams!r}")
+    if not 0 <= tau < 1:
+        raise ValueError(f"tau must be in [0, 1), got {tau!r}")
+
+
+def mtad_accept_length(target_logprobs: torch.Tensor, draft_joint_logprobs: torch.Tensor, tau: float) -> torch.Tensor:
+    """Algorithm 1, lines 6-13: the longest accepted draft prefix of each row.
+
+    Args:
+        target_logprobs: [B, gamma] ``log p(x_i | x_<i)`` of each draft token under the target.
+        draft_joint_logprobs: [B, gamma] ``log q(x_1..i)``, the draft's joint log-likelihood of
+            each prefix (the beam score along the best beam).
+        tau: acceptance threshold in [0, 1).
+
+    Returns:
+        [B] the largest ``j`` (0..gamma) with ``log p(x_1..j) - log q(x_1..j) > log tau``; 0 when
+        no prefix passes. ``min(1, r) > tau`` equals ``r > tau`` because ``tau < 1``.
+    """
+    joint_p = torch.cumsum(target_logprobs, dim=-1)
+    log_tau = math.log(tau) if tau > 0 else float("-inf")
+    passes = (joint_p - draft_joint_logprobs) > log_tau
+    lengths = torch.arange(1, passes.shape[-1] + 1, device=passes.device)
+    return torch.where(passes, lengths, torch.zeros_like(lengths)).amax(dim=-1)
+
+
+def warp_logits(
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = 20, top_p: float | None = 0.9
+) -> torch.Tensor:
+    """Appendix F's warping: temperature, keep the top-k tokens, then the top-p nucleus.
+
+    Returns log-probabilities [..., V] with ``-inf`` outside the kept set.
+    """
+    scores = logits / max(temperature, 1e-6)
+    if top_k is not None and 0 < top_k < scores.shape[-1]:
+        kth = torch.topk(scores, top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+        cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(dim=-1)
+        # drop a token when the tokens before it already reach top_p (the first one always stays)
+        drop_sorted = (cumulative - torch.softmax(sorted_scores, dim=-1)) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    return torch.log_softmax(scores, dim=-1)
+
+
+def beam_step(beam_scores: torch.Tensor, logprobs: torch.Tensor, width: int):
+    """One step of beam search: the ``width`` best (beam, token) extensions by joint log-likelihood.
+
+    Args:
+        beam_scores: [W] joint log-likelihood of each live beam.
+        logprobs: [W, V] next-token log-probabilities of each beam.
+    Returns:
+        (scores [w], parent beam [w], token [w]) of the new beams, best first (w <= width).
+    """
+    joint = (beam_scores[:, None] + logprobs).reshape(-1)
+    width = min(width, int(torch.isfinite(joint).sum().item()) or 1)
+    scores, flat = torch.topk(joint, width)
+    vocab = logprobs.shape[-1]
+    return scores, torch.div(flat, vocab, rounding_mode="floor"), flat % vocab
+
+
+def speculative_accept(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative sampling's acceptance rule for a batch of drafts.
+
+    Args:
+        draft_tokens: [B, gamma] tokens sampled from the draft distributions.
+        draft_probs: [B, gamma, V] the draft distributions ``q_i`` they were sampled from.
+        target_probs: [B, gamma + 1, V] the target distributions ``p_i`` at the same positions,
+            plus the one after the last draft token.
+    Returns:
+        (accepted [B]: number of leading draft tokens kept, next_token [B]: the token sampled
+        after them, from ``norm(max(0, p - q))`` at a rejection or from ``p`` after a full accept).
+    """
+    batch, gamma = draft_tokens.shape
+    index = draft_tokens.unsqueeze(-1)
+    p = target_probs[:, :gamma].gather(-1, index).squeeze(-1)
+    q = draft_probs.gather(-1, index).squeeze(-1)
+    uniform = torch.rand((batch, gamma), generator=generator, device=draft_tokens.device)
+    rejected = uniform >= torch.clamp(p / q.clamp_min(1e-20), max=1.0)
+    first_reject = rejected.int().argmax(-1)  # argmax returns the first maximal index
+    accepted = torch.where(rejected.any(-1), first_reject, torch.full_like(first_reject, gamma)).to(torch.long)
+    rows = torch.arange(batch, device=draft_tokens.device)
+    at = accepted.clamp(max=gamma - 1)
+    residual = (target_probs[rows, at] - draft_probs[rows, at]).clamp_min(0)
+    residual_mass = residual.sum(-1, keepdim=True)
+    # a zero residual can only happen when p == q there; then sampling p is the same thing
+    residual = torch.where(residual_mass > 0, residual / residual_mass.clamp_min(1e-20), target_probs[rows, at])
+    next_dist = torch.where((accepted == gamma)[:, None], target_probs[:, gamma], residual)
+    next_token = torch.multinomial(next_dist, 1, generator=generator).squeeze(-1)
+    return accepted, next_token

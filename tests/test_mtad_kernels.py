@@ -1,0 +1,120 @@
+"""MTAD verification and speculative sampling kernels, against the paper and known semantics."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from decodebench.kernels.mtad import beam_step, check_mtad_args, mtad_accept_length, speculative_accept, warp_logits
+
+
+def logs(*values):
+    return torch.log(torch.tensor(values, dtype=torch.float64))
+
+
+def test_accept_length_uses_the_joint_ratio_and_the_longest_passing_prefix():
+    # p per token 0.5, 0.5, 0.9; q joint 0.5, 0.2, 0.2 -> ratios 1.0, 1.25, 1.125: all pass
+    target = logs(0.5, 0.5, 0.9)[None]
+    joint_q = logs(0.5, 0.2, 0.2)[None]
+    assert mtad_accept_length(target, joint_q, 0.1).tolist() == [3]
+    # prefix ratios 0.9/0.9 = 1, 0.045/0.81 = 0.056 (fails at tau 0.1), 0.0405/0.081 = 0.5 (passes):
+    # Algorithm 1 keeps the longest passing prefix, even past one that fails
+    target = logs(0.9, 0.05, 0.9)[None]
+    joint_q = logs(0.9, 0.81, 0.081)[None]
+    assert mtad_accept_length(target, joint_q, 0.1).tolist() == [3]
+    assert mtad_accept_length(target, joint_q, 0.6).tolist() == [1]
+    assert mtad_accept_length(logs(0.01, 0.01)[None], logs(0.9, 0.8)[None], 0.1).tolist() == [0]
+    assert mtad_accept_length(logs(0.01, 0.01)[None], logs(0.9, 0.8)[None], 0.0).tolist() == [2]
+
+
+def test_accept_length_is_batched():
+    target = torch.stack([logs(0.5, 0.5), logs(0.01, 0.5), logs(0.9, 0.9)])
+    joint_q = torch.stack([logs(0.5, 0.25), logs(0.9, 0.5), logs(0.5, 0.25)])
+    assert mtad_accept_length(target, joint_q, 0.1).tolist() == [2, 0, 2]
+
+
+def test_beam_step_matches_brute_force():
+    torch.manual_seed(0)
+    scores = torch.tensor([-0.5, -1.0, -2.0])
+    logprobs = torch.log_softmax(torch.randn(3, 7), dim=-1)
+    new_scores, parents, tokens = beam_step(scores, logprobs, 4)
+    brute = sorted(((float(scores[b] + logprobs[b, t]), b, t) for b in range(3) for t in range(7)), reverse=True)[:4]
+    assert [(b, t) for _, b, t in brute] == list(zip(parents.tolist(), tokens.tolist(), strict=True))
+    assert new_scores.tolist() == pytest.approx([s for s, _, _ in brute])
+
+
+def test_warping_matches_transformers_top_k_then_top_p():
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    torch.manual_seed(0)
+    logits = torch.randn(6, 300) * 3
+    reference = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(20), TopPLogitsWarper(0.9)])
+    expected = reference(torch.zeros(6, 1, dtype=torch.long), logits.clone())
+    ours = warp_logits(logits, temperature=0.7, top_k=20, top_p=0.9)
+    assert torch.equal(torch.isinf(ours), torch.isinf(expected))
+    assert torch.allclose(ours.exp(), torch.softmax(expected, dim=-1), atol=1e-6)
+
+
+def expected(probs: torch.Tensor, observed: torch.Tensor) -> torch.Tensor:
+    probs = probs.double()
+    return probs / probs.sum() * observed.sum()
+
+
+def test_speculative_sampling_preserves_the_target_distribution():
+    """Leviathan et al.: every emitted token follows p; checked with chi-square tests."""
+    generator = torch.Generator().manual_seed(0)
+    n, vocab, gamma = 60_000, 5, 2
+    p1 = torch.tensor([0.45, 0.25, 0.15, 0.1, 0.05])
+    q1 = torch.tensor([0.1, 0.1, 0.2, 0.3, 0.3])  # a poor draft
+    p2_given = torch.softmax(torch.randn(vocab, vocab, generator=generator) * 2, dim=-1)  # p(x2 | x1)
+    q2_given = torch.softmax(torch.randn(vocab, vocab, generator=generator) * 2, dim=-1)
+    p3_given = torch.softmax(torch.randn(vocab, vocab, generator=generator) * 2, dim=-1)
+    x1 = torch.multinomial(q1, n, replacement=True, generator=generator)
+    x2 = torch.multinomial(q2_given[x1], 1, generator=generator).squeeze(-1)
+    draft = torch.stack([x1, x2], dim=1)
+    draft_probs = torch.stack([q1.expand(n, vocab), q2_given[x1]], dim=1)
+    target_probs = torch.stack([p1.expand(n, vocab), p2_given[x1], p3_given[x2]], dim=1)
+    accepted, nxt = speculative_accept(draft, draft_probs, target_probs, generator=generator)
+    emitted = torch.cat([draft, nxt[:, None]], dim=1)
+    first = torch.where(accepted >= 1, x1, nxt)
+    counts = torch.bincount(first, minlength=vocab).double()
+    assert chisquare(counts, expected(p1, counts)).pvalue > 1e-3
+    # the second emitted token, given the first, follows p(x2 | x1) (only rows that emit two tokens from x1)
+    second = torch.where(accepted >= 2, x2, nxt)
+    for a in range(vocab):
+        rows = (accepted >= 1) & (x1 == a)
+        observed = torch.bincount(second[rows], minlength=vocab).double()
+        assert chisquare(observed, expected(p2_given[a], observed)).pvalue > 1e-3
+    assert 0 < accepted.float().mean() < gamma  # some accepted, some rejected
+    assert emitted.shape == (n, 3)
+
+
+def test_identical_draft_and_target_accept_everything():
+    probs = torch.softmax(torch.randn(4, 3, 10), dim=-1)
+    draft = torch.multinomial(probs[:, :2].reshape(-1, 10), 1).reshape(4, 2)
+    accepted, _ = speculative_accept(draft, probs[:, :2], probs)
+    assert accepted.tolist() == [2, 2, 2, 2]
+
+
+@pytest.mark.parametrize(
+    ("gamma", "beams", "tau", "message"),
+    [
+        (0, 8, 0.1, "gamma must be"),
+        (4, 0, 0.1, "beams must be"),
+        (4, 8, 1.0, "tau must be in"),
+        (4, 8, -0.1, "tau must be in"),
+        (2.5, 8, 0.1, "gamma must be"),
+    ],
+)
+def test_bad_mtad_arguments(gamma, beams, tau, message):
+    with pytest.raises(ValueError, match=message):
+        check_mtad_args(gamma, beams, tau)
+
+
+def test_log_space_avoids_underflow():
+    target = torch.full((1, 4), math.log(1e-90), dtype=torch.float64)
+    joint_q = torch.cumsum(torch.full((1, 4), math.log(1e-90), dtype=torch.float64), dim=-1)
+    assert mtad_accept_length(target, joint_q, 0.5).tolist() == [4]  # ratios are 1 even though p, q ~ 1e-360
