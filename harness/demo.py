@@ -21,17 +21,20 @@ class Run:
     name: str
     model: str
     model_args: str = ""
+    batch_size: int = 4
 
 
 # Every run is measured exactly like the baseline, on the same tasks, limits and batch size.
 RUNS = [
     Run("baseline", "baseline"),
     Run("lz", "lz", "penalty=lz,strength=0.15"),
+    # MTAD with its cheapest draft here (prompt lookup): neural beam drafts cost more than they
+    # save on a CPU (docs/benchmarks/mtad.md); --batch_size is forced to 1, the paper's setting.
+    Run("mtad", "mtad", "draft=context,gamma=4", batch_size=1),
 ]
 MINI_TASKS = ["decodebench_mini"]
 # Small enough to finish on 2 CPU cores in minutes (with the CLI's default --limit 4): short generations.
 MAX_GEN_TOKS = 128
-BATCH_SIZE = 4
 
 
 def lm_eval_command(run: Run, tasks: list[str], out: Path, limit: int | None) -> list[str]:
@@ -41,7 +44,7 @@ def lm_eval_command(run: Run, tasks: list[str], out: Path, limit: int | None) ->
         "--model_args": model_args,
         "--tasks": ",".join(tasks),
         "--gen_kwargs": f"max_gen_toks={MAX_GEN_TOKS}",
-        "--batch_size": str(BATCH_SIZE),
+        "--batch_size": str(run.batch_size),
         "--output_path": str(out / run.name),
     }
     if limit is not None:

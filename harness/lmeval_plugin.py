@@ -30,6 +30,7 @@ from pathlib import Path
 MODELS = {
     "baseline": "decodebench.models.baseline:Baseline",
     "lz": "decodebench.models.lz:LZ",
+    "mtad": "decodebench.models.mtad:MTAD",
 }
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"

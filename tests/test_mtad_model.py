@@ -1,0 +1,206 @@
+"""`--model mtad` on the embedded model: lossless baselines, drafts, statistics and bad input."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import explain, read_results, run_lm_eval
+
+from decodebench.models.drafts import ContextDrafter, ModelDrafter, layer_skip_draft
+
+pytestmark = pytest.mark.model
+
+PROMPTS = [
+    "Summarize: The old bridge over the river Alder reopened on Monday after a flood destroyed one of its "
+    "arches. The old bridge over the river",
+    "Question: What is the capital of France?\nAnswer:",
+]
+
+
+def requests(max_gen_toks=24):
+    kwargs = {"until": ["\n\n"], "max_gen_toks": max_gen_toks, "do_sample": False}
+    return [SimpleNamespace(task_name="t", doc_id=i, idx=0, args=(p, dict(kwargs))) for i, p in enumerate(PROMPTS)]
+
+
+@pytest.fixture(scope="module")
+def baseline_outputs(embedded_checkpoint):
+    from decodebench.models.baseline import Baseline
+
+    return Baseline(pretrained="embedded", device="cpu").generate_until(requests())
+
+
+@pytest.fixture(scope="module")
+def tiny_draft(embedded_checkpoint, tmp_path_factory):
+    """A 2-layer random Llama sharing the embedded model's tokenizer, built locally."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(embedded_checkpoint)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    path = tmp_path_factory.mktemp("tiny-draft")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def foreign_draft(tmp_path_factory):
+    """A tiny model whose tokenizer has another vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    raw = Tokenizer(models.BPE(unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    raw.train_from_iterator(
+        ["a tiny corpus for a tiny tokenizer"] * 20,
+        trainers.BpeTrainer(vocab_size=60, special_tokens=["<unk>", "<s>", "</s>"]),
+    )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    path = tmp_path_factory.mktemp("foreign-draft")
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def mtad(**args):
+    from decodebench.models.mtad import MTAD
+
+    return MTAD.create_from_arg_obj({"pretrained": "embedded", "device": "cpu", **args})
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"mode": "target"},
+        {"mode": "speculative", "draft": "context"},
+        {"mode": "speculative", "draft": "self:4"},
+        {"mode": "assisted", "draft": "context"},
+    ],
+    ids=["target", "speculative-context", "speculative-self", "assisted-context"],
+)
+def test_lossless_modes_reproduce_greedy_decoding_exactly(args, baseline_outputs):
+    model = mtad(gamma=3, **args)
+    assert model.generate_until(requests()) == baseline_outputs
+    stats = model.decodebench_recorder.task_summaries()["t"]["method"]
+    assert stats["target_perplexity"] > 1
+
+
+def test_mtad_statistics_add_up_and_drafts_are_accepted_from_context(baseline_outputs):
+    model = mtad(mode="mtad", draft="context", gamma=4, tau=0.1)
+    outputs = model.generate_until(requests())
+    records = model.decodebench_recorder.records
+    for rec in records:
+        stats = rec.method_stats
+        histogram = stats["acceptance_histogram"]
+        assert sum(histogram.values()) == stats["target_calls"] - 1  # one prefill, then one pass per iteration
+        assert sum(int(k) * v for k, v in histogram.items()) == stats["accepted_tokens"]
+        assert stats["accepted_tokens"] <= stats["drafted_tokens"] <= 4 * (stats["target_calls"] - 1)
+    summary = model.decodebench_recorder.task_summaries()["t"]["method"]
+    assert summary["block_efficiency"] > 1, "the summary prompt repeats itself: context drafts must be accepted"
+    assert outputs[1] == baseline_outputs[1] or outputs[1].strip()
+
+
+def test_mtad_with_a_neural_draft_of_the_same_vocabulary(tiny_draft):
+    model = mtad(mode="mtad", draft=str(tiny_draft), gamma=2, beams=2)
+    outputs = model.generate_until(requests(max_gen_toks=8))
+    assert all(isinstance(text, str) for text in outputs)
+    assert model.decodebench_recorder.task_summaries()["t"]["method"]["drafted_tokens"] > 0
+
+
+def test_a_draft_with_another_vocabulary_is_refused(foreign_draft):
+    with pytest.raises(ValueError, match="another vocabulary than the target"):
+        mtad(draft=str(foreign_draft))
+
+
+def test_self_draft_shares_weights_and_keeps_the_target_intact(embedded_checkpoint):
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(embedded_checkpoint)
+    layers = len(target.model.layers)
+    draft = layer_skip_draft(target, 5)
+    assert len(draft.model.layers) == 5 and len(target.model.layers) == layers
+    assert draft.model.layers[0] is target.model.layers[0] and draft.lm_head is target.lm_head
+    assert target.config.num_hidden_layers == layers
+    with pytest.raises(ValueError, match=f"k must be an integer from 1 to {layers - 1}"):
+        layer_skip_draft(target, layers)
+    with pytest.raises(ValueError, match="k must be an integer"):
+        layer_skip_draft(target, 0)
+
+
+def test_drafter_caches_follow_rollbacks(embedded_checkpoint):
+    """Drafting after a rejected draft must equal drafting from scratch on the same sequence."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = AutoModelForCausalLM.from_pretrained(embedded_checkpoint)
+    ids = AutoTokenizer.from_pretrained(embedded_checkpoint)("The river Alder flows").input_ids
+    reused = ModelDrafter(layer_skip_draft(target, 6), beams=3)
+    first = reused.draft(ids, 3)
+    rolled_back = [*ids, first.tokens[0], 17]  # keep one drafted token, then diverge
+    again = reused.draft(rolled_back, 3)
+    fresh = ModelDrafter(layer_skip_draft(target, 6), beams=3).draft(rolled_back, 3)
+    assert again.tokens == fresh.tokens
+    assert again.joint_logq == pytest.approx(fresh.joint_logq, abs=1e-4)
+    assert ContextDrafter(eos_token_id=None).draft([1, 2, 3, 9, 1, 2], 2).tokens == [3, 9]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ("tau=1.0", "tau must be in"),
+        ("gamma=0", "gamma must be"),
+        ("beams=0", "beams must be"),
+        ("draft=self:x", "self:<k> with an integer"),
+        ("draft=self:30", "k must be an integer from 1 to 29"),
+        ("backend=vllm", "backend='vllm' is not available for --model mtad; allowed: hf"),
+    ],
+)
+def test_bad_mtad_arguments_fail_clearly(args, message, embedded_checkpoint):
+    from decodebench.models.mtad import MTAD
+
+    parsed = dict(pair.split("=") for pair in args.split(","))
+    parsed = {k: int(v) if v.isdigit() else float(v) if v.replace(".", "").isdigit() else v for k, v in parsed.items()}
+    with pytest.raises(ValueError, match=message):
+        MTAD.create_from_arg_obj({"pretrained": "embedded", "device": "cpu", **parsed})
+
+
+@pytest.mark.slow
+def test_lm_eval_reports_block_efficiency_and_perplexity(embedded_checkpoint, tmp_path):
+    out = tmp_path / "out"
+    proc = run_lm_eval(
+        "--model",
+        "mtad",
+        "--model_args",
+        "draft=context,gamma=4",
+        "--tasks",
+        "cnndm_mini",
+        "--limit",
+        "2",
+        "--gen_kwargs",
+        "max_gen_toks=32",
+        "--output_path",
+        str(out),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, explain(proc)
+    stats = read_results(out)["config"]["decodebench"]["tasks"]["cnndm_mini"]["method"]
+    assert stats["block_efficiency"] >= 1 and stats["target_perplexity"] > 1 and stats["target_calls"] > 0
