@@ -95,6 +95,10 @@ def _build_index(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     doc = args.doc or f"docs/benchmarks/{args.name}.md"
+    if args.name == "mtad":
+        from decodebench.bench import mtad
+
+        return mtad.run(doc=doc)
     if args.name == "metrics":
         from decodebench.bench import metrics
 
@@ -153,12 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser(
         "bench",
-        help="benchmarks that write docs/benchmarks/NAME.md (lz, metrics)",
+        help="benchmarks that write docs/benchmarks/NAME.md (lz, metrics, mtad)",
         description="lz: LZ kernel time per decode step, and end-to-end slowdown of the LZ penalty on vLLM and "
         "transformers with the embedded model. metrics: degenerate repetition, Spider execution accuracy and "
-        "infini-gram agreement at scale.",
+        "infini-gram agreement at scale. mtad: MTAD side by side with target-only, speculative sampling and "
+        "assisted generation.",
     )
-    bench.add_argument("name", choices=("lz", "metrics"), help="which benchmark")
+    bench.add_argument("name", choices=("lz", "metrics", "mtad"), help="which benchmark")
     bench.add_argument("--doc", default=None, help="output Markdown (default docs/benchmarks/NAME.md)")
     bench.add_argument("--rounds", type=int, default=3, help="alternating rounds per setting (default 3)")
     bench.add_argument("--quick", action="store_true", help="small sizes, to check that it runs")
