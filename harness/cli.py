@@ -93,6 +93,24 @@ def _build_index(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_nugget(args: argparse.Namespace) -> int:
+    from decodebench.models.base import resolve_pretrained
+    from decodebench.nugget_training import train
+
+    pretrained, _ = resolve_pretrained(args.pretrained)
+    path = train(
+        pretrained,
+        args.out,
+        ratio=args.ratio,
+        steps=args.steps,
+        lr=args.lr,
+        layer=args.layer,
+        log=lambda msg: print(msg, file=sys.stderr),
+    )
+    print(path)
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     doc = args.doc or f"docs/benchmarks/{args.name}.md"
     if args.name == "mtad":
@@ -183,6 +201,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     index.add_argument("--mem", type=int, default=2, help="GiB of memory the indexer may use (default 2)")
     index.set_defaults(func=_build_index)
+
+    nugget = sub.add_parser(
+        "train-nugget",
+        help="train the nugget selector (the paper's scorer) on a CPU and save it for --model nugget",
+        description="Trains a 2-layer scorer over a lower layer's hidden states of the frozen model with the "
+        "straight-through estimator, to predict text from its nuggets; saves a file for "
+        "`lm_eval --model nugget --model_args selector=PATH`.",
+    )
+    nugget.add_argument("--out", required=True, help="where to save the selector (.pt)")
+    nugget.add_argument("--pretrained", default="embedded", help="model (default: the embedded one)")
+    nugget.add_argument("--ratio", type=float, default=10.0, help="compression ratio to train at (default 10)")
+    nugget.add_argument("--steps", type=int, default=200, help="training steps, one chunk each (default 200)")
+    nugget.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
+    nugget.add_argument("--layer", type=int, default=3, help="hidden layer the scorer reads (default 3)")
+    nugget.set_defaults(func=_train_nugget)
 
     info = sub.add_parser("info", help="show the cache folder, embedded model and energy meter status")
     info.set_defaults(func=_info)

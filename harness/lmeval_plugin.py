@@ -31,6 +31,7 @@ MODELS = {
     "baseline": "decodebench.models.baseline:Baseline",
     "lz": "decodebench.models.lz:LZ",
     "mtad": "decodebench.models.mtad:MTAD",
+    "nugget": "decodebench.models.nugget:Nugget",
 }
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"

@@ -37,8 +37,10 @@ def prompts(tokenizer, limit: int) -> list[str]:
     questions = load_jsonl(TASKS_DIR / "squad" / "squad_mini.jsonl")[: max(1, limit // 2)]
     texts = [f"{a['article']}\n\nPlease summarize the above document in one sentence." for a in articles]
     texts += [q["question"] for q in questions]
-    return [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True)
-            for t in texts]  # fmt: skip
+    return [
+        tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True)
+        for t in texts
+    ]
 
 
 def run(doc: str | Path = "docs/benchmarks/mtad.md", limit: int = 4, new_tokens: int = 128) -> int:
@@ -54,8 +56,9 @@ def run(doc: str | Path = "docs/benchmarks/mtad.md", limit: int = 4, new_tokens:
         kwargs = {"until": [], "max_gen_toks": new_tokens, "do_sample": sample}
         if sample:
             kwargs["temperature"] = 1.0
-        requests = [SimpleNamespace(task_name="bench", doc_id=i, idx=0, args=(t, dict(kwargs)))
-                    for i, t in enumerate(texts)]  # fmt: skip
+        requests = [
+            SimpleNamespace(task_name="bench", doc_id=i, idx=0, args=(t, dict(kwargs))) for i, t in enumerate(texts)
+        ]
         start = time.perf_counter()
         model.generate_until(requests)
         print(f"   {time.perf_counter() - start:.0f} s", flush=True)

@@ -1,0 +1,98 @@
+"""Nugget selection and KV gathering (Qin et al., "Dynamic contextual compression", section 2).
+
+A context of ``n`` tokens is kept as the key/value states of ``k = ceil(n / ratio)`` selected
+tokens, the *nuggets* (eqs. 14-15: ``TopK`` of the scorer's scores, the last token always
+selected, footnote of section 2.3). The same positions are kept in every layer, and because
+keys are cached after the rotary embedding, each nugget keeps its original position.
+
+- ``select_topk``: the top-k positions of a batch of score rows, last token forced, returned in
+  text order (batched, padded rows allowed through ``lengths``);
+- ``gather_kv``: the kept positions of one layer's keys and values, for the whole batch;
+- ``delimiter_scores`` / ``position_scores``: scores of the training-free selectors (the
+  paper's section 7.1 finds that its learned selector mostly picks punctuation and delimiters);
+- ``straight_through_bias``: eq. 18's ``s - StopGrad(s)``, zero in the forward pass, which
+  carries the gradient of the attention logits to the scores when training the selector.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def check_ratio(ratio: float) -> None:
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio >= 1:
+        raise ValueError(f"ratio must be a number >= 1 (1 keeps every token), got {ratio!r}")
+
+
+def nuggets_for(length: int, ratio: float) -> int:
+    """k = ceil(n / ratio), at least 1 (eq. 15)."""
+    return max(1, math.ceil(length / ratio)) if length else 0
+
+
+def select_topk(scores: torch.Tensor, lengths: torch.Tensor, ratio: float, force_last: bool = True):
+    """Positions of the nuggets of each row, in text order.
+
+    Args:
+        scores: [B, n] one score per context token (rows right-padded past their length).
+        lengths: [B] real context lengths.
+        ratio: compression ratio r; row i keeps ``ceil(lengths[i] / r)`` positions.
+    Returns:
+        (indices [B, k_max], mask [B, k_max]): kept positions sorted ascending, and which of the
+        ``k_max`` slots are real for each row (rows keep different numbers of nuggets).
+    """
+    check_ratio(ratio)
+    batch, n = scores.shape
+    positions = torch.arange(n, device=scores.device)
+    valid = positions[None, :] < lengths[:, None]
+    ranked = scores.masked_fill(~valid, float("-inf")).clone()
+    if force_last:
+        last = (lengths - 1).clamp(min=0)
+        ranked[torch.arange(batch, device=scores.device), last] = float("inf")
+    keep = torch.tensor([nuggets_for(int(length), ratio) for length in lengths], device=scores.device)
+    k_max = int(keep.max()) if batch else 0
+    top = torch.topk(ranked, k_max, dim=-1).indices if k_max else positions[:0].expand(batch, 0)
+    mask = torch.arange(k_max, device=scores.device)[None, :] < keep[:, None]
+    # unused slots are pushed to the end, then everything is sorted back into text order
+    order_key = torch.where(mask, top, torch.full_like(top, n))
+    indices = torch.sort(order_key, dim=-1).values
+    return indices.clamp(max=max(n - 1, 0)), mask
+
+
+def gather_kv(keys: torch.Tensor, values: torch.Tensor, indices: torch.Tensor):
+    """Keep positions ``indices`` [B, k] of one layer's keys/values [B, heads, n, dim]."""
+    index = indices[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[-1])
+    return keys.gather(2, index), values.gather(2, index)
+
+
+def delimiter_scores(token_texts: list[str]) -> torch.Tensor:
+    """Training-free stand-in for the paper's learned scorer: delimiters first.
+
+    Sentence and line ends score 3, other punctuation 2, everything else 0; a small term that
+    grows with the position breaks ties towards later tokens, which have seen more of the text.
+    This approximates what section 7.1 reports the trained scorer selects; it is not the paper's
+    selector.
+    """
+    n = len(token_texts)
+    base = torch.zeros(n)
+    for i, text in enumerate(token_texts):
+        stripped = text.strip()
+        if "\n" in text or (stripped and stripped[-1] in ".!?"):
+            base[i] = 3.0
+        elif stripped and all(not ch.isalnum() for ch in stripped):
+            base[i] = 2.0
+    return base + torch.arange(n) / max(n, 1)
+
+
+def position_scores(n: int, sinks: int = 0, recent: bool = True) -> torch.Tensor:
+    """Scores that keep the first ``sinks`` tokens and then the most recent ones (StreamingLLM),
+    or, with ``recent=False`` and no sinks, the first tokens (truncation that keeps the start)."""
+    scores = torch.arange(n, dtype=torch.float32) if recent else -torch.arange(n, dtype=torch.float32)
+    scores[:sinks] = float(n + 1)
+    return scores
+
+
+def straight_through_bias(scores: torch.Tensor) -> torch.Tensor:
+    """Eq. 18: ``s - StopGrad(s)``; added to the attention logits of the nugget keys."""
+    return scores - scores.detach()
