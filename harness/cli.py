@@ -111,6 +111,19 @@ def _train_nugget(args: argparse.Namespace) -> int:
     return 0
 
 
+def _nugget_study(args: argparse.Namespace) -> int:
+    from decodebench.nuggetstudy import run_study
+
+    return run_study(
+        out=args.out,
+        doc=args.doc,
+        ratio=args.ratio,
+        limit=args.limit,
+        selector_file=args.selector_file,
+        kvpress_python=args.kvpress_python,
+    )
+
+
 def _bench(args: argparse.Namespace) -> int:
     doc = args.doc or f"docs/benchmarks/{args.name}.md"
     if args.name == "mtad":
@@ -216,6 +229,20 @@ def build_parser() -> argparse.ArgumentParser:
     nugget.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
     nugget.add_argument("--layer", type=int, default=3, help="hidden layer the scorer reads (default 3)")
     nugget.set_defaults(func=_train_nugget)
+
+    nstudy = sub.add_parser(
+        "nugget-study",
+        help="the nugget study: quality kept at a compression ratio, per selector and peer -> docs/nugget-study.md",
+        description="Runs lm_eval --model nugget on squad_mini and cnndm_mini for each selector (full, learned, "
+        "delimiter, attention, truncation, streaming) and, with --kvpress-python, kvpress's presses.",
+    )
+    nstudy.add_argument("--ratio", type=float, default=10.0, help="compression ratio (default 10)")
+    nstudy.add_argument("--out", default="results/nugget-study", help="lm_eval output folder")
+    nstudy.add_argument("--doc", default="docs/nugget-study.md", help="where to write the table")
+    nstudy.add_argument("--limit", type=int, default=None, help="documents per task (default: all)")
+    nstudy.add_argument("--selector-file", default=None, help="a trained selector (default: train one)")
+    nstudy.add_argument("--kvpress-python", default=None, help="python of an environment with kvpress")
+    nstudy.set_defaults(func=_nugget_study)
 
     info = sub.add_parser("info", help="show the cache folder, embedded model and energy meter status")
     info.set_defaults(func=_info)
