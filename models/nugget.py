@@ -156,7 +156,7 @@ class Nugget(NuggetMethod, HFBackend):
         ratio, selector = self.method_config["ratio"], self.method_config["selector"]
         n = self.split_point(prompt)
         document, tail = prompt[:n], prompt[n:]
-        compress = n > 0 and selector != "full" and nuggets_for(n, ratio) < n and tail
+        compress = selector != "full" and n >= ratio and nuggets_for(n, ratio) < n and tail
         if not compress:
             document, tail, n = [], prompt, 0
         cache = DynamicCache(config=self.model.config)

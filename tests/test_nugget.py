@@ -1,0 +1,148 @@
+"""Nugget compression: selection and gather kernels, the model on the embedded checkpoint, bad input."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from decodebench.kernels.nugget import (
+    check_ratio,
+    delimiter_scores,
+    gather_kv,
+    nuggets_for,
+    position_scores,
+    select_topk,
+    straight_through_bias,
+)
+
+
+def test_topk_keeps_ceil_n_over_ratio_in_text_order_with_the_last_token():
+    scores = torch.tensor([[5.0, 1.0, 9.0, 3.0, 8.0, 0.0, 7.0, 2.0, 6.0, 4.0, -1.0], [1.0] * 11])
+    lengths = torch.tensor([11, 4])
+    indices, mask = select_topk(scores, lengths, ratio=4)
+    assert mask.tolist() == [[True, True, True], [True, False, False]]
+    assert indices[0].tolist() == [2, 4, 10]  # two best (9, 8), plus the forced last token, sorted
+    assert indices[1, :1].tolist() == [3]  # one nugget: the last real token
+    assert nuggets_for(11, 4) == 3 and nuggets_for(0, 4) == 0 and nuggets_for(3, 10) == 1
+
+
+def test_gather_keeps_the_selected_positions_of_every_head():
+    keys = torch.arange(2 * 3 * 5 * 2, dtype=torch.float32).reshape(2, 3, 5, 2)
+    values = -keys
+    indices = torch.tensor([[0, 3], [1, 4]])
+    k, v = gather_kv(keys, values, indices)
+    assert torch.equal(k[0], keys[0][:, [0, 3]]) and torch.equal(k[1], keys[1][:, [1, 4]])
+    assert torch.equal(v, -k)
+
+
+def test_training_free_scores_prefer_delimiters_then_later_tokens():
+    scores = delimiter_scores(["The", " cat", ",", " sat", ".", "\n", " It", " ran"])
+    order = torch.argsort(scores, descending=True).tolist()
+    assert order[:3] == [5, 4, 2]  # newline, full stop, comma
+    streaming = position_scores(10, sinks=2)
+    assert torch.topk(streaming, 5).indices.sort().values.tolist() == [0, 1, 7, 8, 9]
+
+
+def test_straight_through_bias_is_zero_forward_with_a_gradient():
+    scores = torch.tensor([0.5, -1.0], requires_grad=True)
+    bias = straight_through_bias(scores)
+    assert bias.tolist() == [0.0, 0.0]
+    (bias * torch.tensor([2.0, 3.0])).sum().backward()
+    assert scores.grad.tolist() == [2.0, 3.0]
+
+
+@pytest.mark.parametrize("ratio", [0.5, 0, -3, True, "ten"])
+def test_bad_ratios_fail(ratio):
+    with pytest.raises(ValueError, match="ratio must be a number >= 1"):
+        check_ratio(ratio)
+
+
+@pytest.mark.model
+class TestNuggetModel:
+    @pytest.fixture(scope="class")
+    def prompts(self, embedded_checkpoint):
+        from decodebench.lmeval_plugin import TASKS_DIR
+        from decodebench.models.baseline import Baseline
+        from decodebench.taskdata import load_jsonl
+
+        base = Baseline(pretrained="embedded", device="cpu")
+        rows = load_jsonl(TASKS_DIR / "squad" / "squad_mini.jsonl")[:2]
+        texts = [
+            f"{r['context']}\n\nBased on the provided document, answer the following question:\n{r['question']}"
+            for r in rows
+        ]
+        prompts = [base.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
+        reqs = [
+            SimpleNamespace(
+                task_name="t", doc_id=i, idx=0, args=(p, {"until": [], "max_gen_toks": 12, "do_sample": False})
+            )
+            for i, p in enumerate(prompts)
+        ]
+        return reqs, base.generate_until(reqs)
+
+    def nugget(self, **args):
+        from decodebench.models.nugget import Nugget
+
+        return Nugget.create_from_arg_obj({"pretrained": "embedded", "device": "cpu", **args})
+
+    def test_full_context_reproduces_plain_decoding(self, prompts):
+        reqs, reference = prompts
+        assert self.nugget(selector="full").generate_until(reqs) == reference
+
+    @pytest.mark.parametrize("selector", ["delimiter", "streaming", "attention"])
+    def test_compression_keeps_about_one_in_ratio_of_the_document(self, prompts, selector):
+        reqs, _ = prompts
+        model = self.nugget(selector=selector, ratio=10)
+        outputs = model.generate_until(reqs)
+        assert all(isinstance(o, str) for o in outputs)
+        stats = model.decodebench_recorder.task_summaries()["t"]["method"]
+        assert stats["compressed_requests"] == 2
+        assert abs(stats["document_kv_fraction_kept"] - 1 / 10) <= 0.15 / 10
+        for rec in model.decodebench_recorder.records:
+            s = rec.method_stats
+            assert s["nuggets"] == -(-s["document_tokens"] // 10)
+            assert s["document_kv_bytes_kept"] * s["document_tokens"] == s["document_kv_bytes_full"] * s["nuggets"]
+
+    def test_the_split_puts_the_question_in_the_uncompressed_tail(self, prompts):
+        reqs, _ = prompts
+        model = self.nugget()
+        ids = model.tok_encode(reqs[0].args[0])
+        n = model.split_point(ids)
+        assert model.tokenizer.decode(ids[n:]).lstrip().startswith("Based on the provided document")
+        assert model.split_point(model.tok_encode("no blank line here")) == 0
+
+    def test_short_documents_and_prompts_without_a_split_are_left_alone(self, prompts):
+        model = self.nugget(ratio=10)
+        reqs = [
+            SimpleNamespace(
+                task_name="t", doc_id=0, idx=0, args=("Tiny.\n\nWhat is it?", {"until": [], "max_gen_toks": 4})
+            )
+        ]
+        model.generate_until(reqs)
+        assert model.decodebench_recorder.task_summaries()["t"]["method"]["uncompressed_requests"] == 1
+
+    def test_a_trained_selector_loads_and_one_for_another_model_is_refused(self, embedded_checkpoint, tmp_path):
+        from decodebench.nugget_training import FORMAT, train
+
+        path = train(str(embedded_checkpoint), tmp_path / "sel.pt", steps=3, log=lambda msg: None)
+        model = self.nugget(selector=str(path))
+        assert "learned" in model.method_label
+        saved = torch.load(path, weights_only=True)
+        saved["model"]["hidden_size"] += 1
+        torch.save(saved, tmp_path / "other.pt")
+        with pytest.raises(ValueError, match="trained for another model"):
+            self.nugget(selector=str(tmp_path / "other.pt"))
+        with pytest.raises(ValueError, match="neither a built-in selector"):
+            self.nugget(selector=str(tmp_path / "missing.pt"))
+        torch.save({"format": "something else"}, tmp_path / "bad.pt")
+        with pytest.raises(ValueError, match="not a decodebench nugget selector"):
+            self.nugget(selector=str(tmp_path / "bad.pt"))
+        assert saved["format"] == FORMAT
+
+    def test_ratio_below_one_fails_before_loading(self):
+        from decodebench.models.nugget import Nugget
+
+        with pytest.raises(ValueError, match=r"ratio=0\.5: must be >= 1"):
+            Nugget.split_arguments({"ratio": 0.5})
