@@ -124,6 +124,20 @@ def _nugget_study(args: argparse.Namespace) -> int:
     )
 
 
+def _report(args: argparse.Namespace) -> int:
+    from decodebench.reports.leaderboard import write_report
+
+    written, problems = write_report(args.results, args.out)
+    for problem in problems:
+        print(f"warning: {problem}", file=sys.stderr)
+    if not written:
+        print("error: nothing to report", file=sys.stderr)
+        return 2
+    for path in written:
+        print(path)
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     doc = args.doc or f"docs/benchmarks/{args.name}.md"
     if args.name == "mtad":
@@ -243,6 +257,17 @@ def build_parser() -> argparse.ArgumentParser:
     nstudy.add_argument("--selector-file", default=None, help="a trained selector (default: train one)")
     nstudy.add_argument("--kvpress-python", default=None, help="python of an environment with kvpress")
     nstudy.set_defaults(func=_nugget_study)
+
+    report = sub.add_parser(
+        "report",
+        help="leaderboards (Markdown, HTML, CSV, JSON) of quality against tokens/s and J/token from lm_eval outputs",
+        description="Reads lm_eval output folders or results files (decodebench's models and plain lm_eval runs) "
+        "and writes leaderboard.md, leaderboard.html (sortable, per-task tabs, Pareto plots), leaderboard.csv and "
+        "leaderboard.json into --out.",
+    )
+    report.add_argument("results", nargs="+", help="lm_eval --output_path folders or results_*.json files")
+    report.add_argument("--out", default="leaderboard", help="output folder (default: leaderboard)")
+    report.set_defaults(func=_report)
 
     info = sub.add_parser("info", help="show the cache folder, embedded model and energy meter status")
     info.set_defaults(func=_info)

@@ -2,7 +2,8 @@
 
 Each run is one ``lm_eval`` subprocess on the embedded model and the bundled mini tasks,
 written to ``OUT/<run>/``; afterwards a short table of quality, tokens/s and J/token is printed
-with the path of every results file.
+with the path of every results file, and the leaderboard of the runs is written to
+``OUT/leaderboard/``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ RUNS = [
     # MTAD with its cheapest draft here (prompt lookup): neural beam drafts cost more than they
     # save on a CPU (docs/benchmarks/mtad.md); --batch_size is forced to 1, the paper's setting.
     Run("mtad", "mtad", "draft=context,gamma=4", batch_size=1),
+    # The training-free delimiter selector: an approximation of the paper's learned one.
+    Run("nugget", "nugget", "selector=delimiter,ratio=10", batch_size=1),
 ]
 MINI_TASKS = ["decodebench_mini"]
 # Small enough to finish on 2 CPU cores in minutes (with the CLI's default --limit 4): short generations.
@@ -98,7 +101,14 @@ def run_demo(
             print(f"[{number}/{len(runs)}] {run.name} FAILED (exit code {returncode})", flush=True)
 
     print(summary_table(produced))
+    from decodebench.reports.leaderboard import write_report
+
+    written, problems = write_report([path for path in produced.values() if path], out / "leaderboard")
+    for problem in problems:
+        print(f"note: {problem}")
     print(f"\nfinished in {time.time() - started:.0f} s; results under {out}")
+    if written:
+        print(f"leaderboard: {out / 'leaderboard' / 'leaderboard.html'} (also .md, .csv, .json)")
     return 0 if all(produced.values()) else 1
 
 
