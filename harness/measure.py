@@ -5,7 +5,7 @@ the transformers backend, one ``LLM.generate`` call on vLLM); the window takes w
 energy. After the window closes, the backend records one ``RequestRecord`` per request that was
 in it (``Window.record``). Methods never time themselves: they only add their own counters (``method_stats``).
 
-Definitions (also in docs/measurement.md):
+Definitions (the README's "Measurements" section shows them to users):
 - ``new_tokens``: tokens the model produced for the request, up to and including the token
   that ended it (EOS or the one completing a stop sequence); tokens generated past a stop only
   because other rows of the batch were still running are not counted.
