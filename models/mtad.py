@@ -87,7 +87,7 @@ class MTAD(MTADMethod, HFBackend):
 
     def setup_method(self) -> None:
         config = self.method_config
-        self.generator = torch.Generator(device="cpu").manual_seed(config["seed"])
+        self.generator = torch.Generator(device=self.device).manual_seed(config["seed"])  # on the sampling device
         draft = config["draft"]
         self.draft_model = None
         if config["mode"] == "target":

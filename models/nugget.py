@@ -96,7 +96,7 @@ class Nugget(NuggetMethod, HFBackend):
 
             self.learned = load_selector(selector, self.model, self.tokenizer).to(self.device)
         self.method_label = LABELS["learned" if self.learned is not None else selector]
-        self.generator = torch.Generator(device="cpu").manual_seed(1234)
+        self.generator = torch.Generator(device=self.device).manual_seed(1234)  # on the sampling device
 
     # -- decoding ---------------------------------------------------------------------
     def decode_batch(self, input_ids, attention_mask, *, stop, max_new_tokens, generation_kwargs) -> DecodeOutput:
