@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from decodebench.bench import write_doc
 from decodebench.demo import newest_results, offline_env
 from decodebench.machine import short_name
 
@@ -94,12 +95,7 @@ def run_study(
             return 1
         rows.append((setting, newest_results(folder, run_started)))
     text = study_table(rows, backend, limit, max_gen_toks, time.time() - started)
-    doc = Path(doc)
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(text)
-    print(text)
-    print(f"written to {doc}")
-    return 0
+    return write_doc(doc, text)
 
 
 def study_table(rows, backend: str, limit, max_gen_toks, seconds: float) -> str:

@@ -18,6 +18,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from decodebench.bench import write_doc
 from decodebench.demo import newest_results, offline_env
 from decodebench.machine import short_name
 
@@ -99,12 +100,7 @@ def run_study(
         else:
             peers = {"error": "the kvpress run failed; see its output above"}
     text = table(rows, peers, ratio, limit, time.time() - started)
-    doc = Path(doc)
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(text)
-    print(text)
-    print(f"written to {doc}")
-    return 0
+    return write_doc(doc, text)
 
 
 def table(rows, peers: dict, ratio: float, limit, seconds: float) -> str:

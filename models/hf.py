@@ -277,3 +277,65 @@ class HFBackend(DecodeBenchLM, HFLM):
                     lo = mid + 1
             count = lo
         return text, count, finish
+
+
+class RowDecoding:
+    """For methods that decode each row of a batch with their own loop (MTAD, nugget).
+
+    ``decode_batch`` strips each row's left padding and calls ``decode_row(prompt, stop,
+    max_new_tokens, sampling)``, which returns (new tokens, statistics, first-token timestamp).
+    ``sampling`` is None for greedy decoding, else warping arguments for ``choose``.
+    """
+
+    generator: torch.Generator
+
+    def decode_row(self, prompt: list[int], stop: list[str], max_new: int, sampling: dict | None):
+        raise NotImplementedError
+
+    def decode_batch(self, input_ids, attention_mask, *, stop, max_new_tokens, generation_kwargs) -> DecodeOutput:
+        sampling = self.sampling(generation_kwargs)
+        rows, stats, first = [], [], None
+        for row in range(input_ids.shape[0]):
+            prompt = input_ids[row][attention_mask[row].bool()].tolist()
+            tokens, row_stats, first_at = self.decode_row(prompt, stop, max_new_tokens, sampling)
+            rows.append(tokens)
+            stats.append(row_stats)
+            first = first or first_at
+        return DecodeOutput(tokens=rows, first_token_at=first, row_stats=stats)
+
+    def sampling(self, kwargs: dict) -> dict | None:
+        """None for greedy decoding, else temperature, top-k and top-p (the task's values)."""
+        if not kwargs.get("do_sample"):
+            return None
+        return {
+            "temperature": float(kwargs.get("temperature") or 1.0),
+            "top_k": kwargs.get("top_k"),
+            "top_p": kwargs.get("top_p"),
+        }
+
+    def choose(self, logits: torch.Tensor, sampling: dict | None) -> int:
+        """The next token: argmax, or a sample from the warped distribution."""
+        if sampling is None:
+            return int(logits.argmax())
+        from decodebench.kernels.mtad import warp_logits
+
+        return int(torch.multinomial(warp_logits(logits, **sampling).exp(), 1, generator=self.generator))
+
+    def eos_position(self, tokens: list[int]) -> int | None:
+        eos = self._eos_ids()
+        return next((i for i, t in enumerate(tokens) if t in eos), None)
+
+    def finished(self, generated: list[int], stop: list[str], max_new: int) -> bool:
+        """HFLM's stopping rules for one row: max_gen_toks, an EOS token, or a stop sequence."""
+        if len(generated) >= max_new or self.eos_position(generated) is not None:
+            return True
+        stops = [s for s in stop if s]
+        if not stops:
+            return False
+        tail = self.tok_decode(generated[-(max(map(len, stops)) + 16) :])
+        return any(s in tail for s in stops)
+
+    def truncate(self, generated: list[int], max_new: int) -> list[int]:
+        """Cut after the first EOS and at max_new tokens (a draft may overshoot both)."""
+        eos = self.eos_position(generated)
+        return generated[: min(len(generated), max_new, eos + 1 if eos is not None else len(generated))]

@@ -44,7 +44,7 @@ from decodebench.models.drafts import (
     layer_skip_draft,
     same_vocabulary,
 )
-from decodebench.models.hf import DecodeOutput, HFBackend
+from decodebench.models.hf import DecodeOutput, HFBackend, RowDecoding
 
 MODES = ("mtad", "speculative", "target", "assisted")
 
@@ -82,7 +82,7 @@ class MTADMethod(DecodeBenchLM):
         return values
 
 
-class MTAD(MTADMethod, HFBackend):
+class MTAD(MTADMethod, RowDecoding, HFBackend):
     """``--model mtad`` on the transformers backend (CPU or CUDA)."""
 
     def setup_method(self) -> None:
@@ -120,17 +120,11 @@ class MTAD(MTADMethod, HFBackend):
     def decode_batch(self, input_ids, attention_mask, *, stop, max_new_tokens, generation_kwargs) -> DecodeOutput:
         if self.method_config["mode"] == "assisted":
             return self._assisted(input_ids, attention_mask, stop, max_new_tokens, generation_kwargs)
-        sampling = self._sampling(generation_kwargs)
-        rows, stats, first = [], [], None
-        for row in range(input_ids.shape[0]):
-            prompt = input_ids[row][attention_mask[row].bool()].tolist()
-            tokens, row_stats, first_at = self._decode_row(prompt, stop, max_new_tokens, sampling)
-            rows.append(tokens)
-            stats.append(row_stats)
-            first = first or first_at
-        return DecodeOutput(tokens=rows, first_token_at=first, row_stats=stats)
+        return super().decode_batch(
+            input_ids, attention_mask, stop=stop, max_new_tokens=max_new_tokens, generation_kwargs=generation_kwargs
+        )
 
-    def _sampling(self, kwargs: dict) -> dict | None:
+    def sampling(self, kwargs: dict) -> dict | None:
         """None for greedy decoding, else the warping of appendix F (task values win)."""
         if not kwargs.get("do_sample"):
             return None
@@ -140,13 +134,8 @@ class MTAD(MTADMethod, HFBackend):
             "top_p": kwargs.get("top_p", 0.9),
         }
 
-    def _choose(self, logits: torch.Tensor, sampling: dict | None) -> int:
-        if sampling is None:
-            return int(logits.argmax())
-        return int(torch.multinomial(warp_logits(logits, **sampling).exp(), 1, generator=self.generator))
-
     @torch.inference_mode()
-    def _decode_row(self, prompt: list[int], stop: list[str], max_new: int, sampling: dict | None):
+    def decode_row(self, prompt: list[int], stop: list[str], max_new: int, sampling: dict | None):
         import time
 
         from transformers import DynamicCache
@@ -163,16 +152,16 @@ class MTAD(MTADMethod, HFBackend):
             )
 
         logits = target(prompt)[-1]
-        generated = [self._choose(logits, sampling)]
+        generated = [self.choose(logits, sampling)]
         first_token_at = time.perf_counter()
         calls, drafted, accepted, histogram = 1, 0, 0, Counter()
-        while not self._finished(generated, stop, max_new):
+        while not self.finished(generated, stop, max_new):
             draft = self._draft(prompt + generated, gamma, sampling) if self.drafter else Draft([], [])
             g = len(draft.tokens)
             logits = target([generated[-1], *draft.tokens])  # [g + 1, V]: one verification pass
             calls += 1
             if g == 0:
-                kept, extra = 0, self._choose(logits[0], sampling)
+                kept, extra = 0, self.choose(logits[0], sampling)
             elif mode == "speculative" and sampling is not None:
                 target_probs = warp_logits(logits, **sampling).exp()[None]
                 n, nxt = speculative_accept(
@@ -191,14 +180,14 @@ class MTAD(MTADMethod, HFBackend):
                 token_logp = logp[torch.arange(g, device=device), torch.tensor(draft.tokens, device=device)]
                 joint_logq = torch.tensor(draft.joint_logq, device=device)
                 kept = int(mtad_accept_length(token_logp[None], joint_logq[None], tau)[0])
-                extra = self._choose(logits[kept], sampling)
+                extra = self.choose(logits[kept], sampling)
             if g - kept:
                 cache.crop(kept - g)
             drafted += g
             accepted += kept
             histogram[kept] += 1
             generated += [*draft.tokens[:kept], extra]
-        new_tokens = self._truncate(generated, max_new)
+        new_tokens = self.truncate(generated, max_new)
         stats = {
             "target_calls": calls,
             "drafted_tokens": drafted,
@@ -215,24 +204,6 @@ class MTAD(MTADMethod, HFBackend):
             return self.drafter.draft(sequence, gamma, beams=1)
         return self.drafter.sample(sequence, gamma, sampling, generator=self.generator)
 
-    def _eos_positions(self, tokens: list[int]) -> int | None:
-        eos = self._eos_ids()
-        return next((i for i, t in enumerate(tokens) if t in eos), None)
-
-    def _finished(self, generated: list[int], stop: list[str], max_new: int) -> bool:
-        if len(generated) >= max_new or self._eos_positions(generated) is not None:
-            return True
-        stops = [s for s in stop if s]
-        if not stops:
-            return False
-        tail = self.tok_decode(generated[-(max(map(len, stops)) + 16) :])
-        return any(s in tail for s in stops)
-
-    def _truncate(self, generated: list[int], max_new: int) -> list[int]:
-        eos = self._eos_positions(generated)
-        end = min(len(generated), max_new, eos + 1 if eos is not None else len(generated))
-        return generated[:end]
-
     def _assisted(self, input_ids, attention_mask, stop, max_new_tokens, kwargs) -> DecodeOutput:
         rows, stats, first = [], [], None
         for row in range(input_ids.shape[0]):
@@ -242,7 +213,8 @@ class MTAD(MTADMethod, HFBackend):
                 if self.draft_model is None
                 else {"assistant_model": self.draft_model, "num_assistant_tokens": self.method_config["gamma"]}
             )
-            out = super().decode_batch(
+            out = HFBackend.decode_batch(  # transformers generate, not the row loop
+                self,
                 input_ids[row : row + 1, mask],
                 attention_mask[row : row + 1, mask],
                 stop=stop,
@@ -259,7 +231,7 @@ class MTAD(MTADMethod, HFBackend):
     def score_batch(self, input_ids, attention_mask, rows: list[list[int]]) -> list[dict]:
         scores = []
         for row, tokens in enumerate(rows):
-            tokens = self._truncate(list(tokens), len(tokens))
+            tokens = self.truncate(list(tokens), len(tokens))
             if not tokens:
                 scores.append({"target_nll": 0.0, "scored_tokens": 0})
                 continue

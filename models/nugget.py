@@ -31,7 +31,6 @@ from typing import Any, ClassVar
 
 import torch
 
-from decodebench.kernels.mtad import warp_logits
 from decodebench.kernels.nugget import (
     check_ratio,
     delimiter_scores,
@@ -42,7 +41,7 @@ from decodebench.kernels.nugget import (
 )
 from decodebench.measure import RequestRecord
 from decodebench.models.base import Arg, DecodeBenchLM
-from decodebench.models.hf import DecodeOutput, HFBackend
+from decodebench.models.hf import HFBackend, RowDecoding
 
 BUILTIN_SELECTORS = ("delimiter", "attention", "streaming", "truncation", "full")
 LABELS = {
@@ -85,7 +84,7 @@ class NuggetMethod(DecodeBenchLM):
         return values
 
 
-class Nugget(NuggetMethod, HFBackend):
+class Nugget(NuggetMethod, RowDecoding, HFBackend):
     """``--model nugget`` on the transformers backend."""
 
     def setup_method(self) -> None:
@@ -99,23 +98,6 @@ class Nugget(NuggetMethod, HFBackend):
         self.generator = torch.Generator(device=self.device).manual_seed(1234)  # on the sampling device
 
     # -- decoding ---------------------------------------------------------------------
-    def decode_batch(self, input_ids, attention_mask, *, stop, max_new_tokens, generation_kwargs) -> DecodeOutput:
-        sampling = None
-        if generation_kwargs.get("do_sample"):
-            sampling = {
-                "temperature": float(generation_kwargs.get("temperature") or 1.0),
-                "top_k": generation_kwargs.get("top_k"),
-                "top_p": generation_kwargs.get("top_p"),
-            }
-        rows, stats, first = [], [], None
-        for row in range(input_ids.shape[0]):
-            prompt = input_ids[row][attention_mask[row].bool()].tolist()
-            tokens, row_stats, first_at = self._decode_row(prompt, stop, max_new_tokens, sampling)
-            rows.append(tokens)
-            stats.append(row_stats)
-            first = first or first_at
-        return DecodeOutput(tokens=rows, first_token_at=first, row_stats=stats)
-
     def split_point(self, prompt: list[int]) -> int:
         """Number of leading tokens that form the document (0: no split marker)."""
         marker = self.method_config["split"]
@@ -149,7 +131,7 @@ class Nugget(NuggetMethod, HFBackend):
         return received.float().cpu()
 
     @torch.inference_mode()
-    def _decode_row(self, prompt: list[int], stop: list[str], max_new: int, sampling: dict | None):
+    def decode_row(self, prompt: list[int], stop: list[str], max_new: int, sampling: dict | None):
         from transformers import DynamicCache
 
         device = self.device
@@ -195,10 +177,10 @@ class Nugget(NuggetMethod, HFBackend):
             .float()
         )
         stats["kv_bytes_at_decode_start"] = _cache_bytes(cache)
-        generated = [self._choose(logits, sampling)]
+        generated = [self.choose(logits, sampling)]
         first_token_at = time.perf_counter()
         position = n + len(tail)
-        while not self._finished(generated, stop, max_new):
+        while not self.finished(generated, stop, max_new):
             logits = (
                 self.model(
                     input_ids=torch.tensor([[generated[-1]]], device=device),
@@ -210,19 +192,8 @@ class Nugget(NuggetMethod, HFBackend):
                 .float()
             )
             position += 1
-            generated.append(self._choose(logits, sampling))
+            generated.append(self.choose(logits, sampling))
         return generated[:max_new], stats, first_token_at
-
-    def _choose(self, logits: torch.Tensor, sampling: dict | None) -> int:
-        if sampling is None:
-            return int(logits.argmax())
-        return int(torch.multinomial(warp_logits(logits, **sampling).exp(), 1, generator=self.generator))
-
-    def _finished(self, generated: list[int], stop: list[str], max_new: int) -> bool:
-        if len(generated) >= max_new or generated[-1] in self._eos_ids():
-            return True
-        stops = [s for s in stop if s]
-        return bool(stops) and any(s in self.tok_decode(generated[-(max(map(len, stops)) + 16) :]) for s in stops)
 
     def summarize_method_stats(self, records: list[RequestRecord]) -> dict[str, Any]:
         compressed = [rec.method_stats for rec in records if "nuggets" in rec.method_stats]

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from decodebench.bench import write_doc
 from decodebench.kernels.lz import apply_lz_penalty_, lz_codelengths
 
 WINDOW, BUFFER = 512, 32
@@ -193,9 +194,4 @@ def run(doc: str | Path = "docs/benchmarks/lz.md", rounds: int = 3, quick: bool 
         "penalized runs happened to be faster (run-to-run noise on a shared machine).",
         "",
     ]
-    doc = Path(doc)
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text("\n".join(lines))
-    print("\n".join(lines))
-    print(f"written to {doc}")
-    return 0
+    return write_doc(doc, "\n".join(lines))

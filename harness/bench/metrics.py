@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from decodebench.bench import write_doc
+
 
 def _median_seconds(fn, repeats: int) -> float:
     fn()
@@ -136,9 +138,4 @@ def run(doc: str | Path = "docs/benchmarks/metrics.md") -> int:
         "10 s for 100k tokens.",
         "",
     ]
-    doc = Path(doc)
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text("\n".join(lines))
-    print("\n".join(lines))
-    print(f"written to {doc}")
-    return 0
+    return write_doc(doc, "\n".join(lines))

@@ -16,6 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
+from decodebench.bench import write_doc
+
 SETTINGS = [
     ("target-only, greedy", {"mode": "target"}, False),
     ("target-only, sampling", {"mode": "target"}, True),
@@ -96,9 +98,4 @@ def run(doc: str | Path = "docs/benchmarks/mtad.md", limit: int = 4, new_tokens:
         "```",
         "",
     ]
-    doc = Path(doc)
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text("\n".join(lines))
-    print("\n".join(lines))
-    print(f"written to {doc}")
-    return 0
+    return write_doc(doc, "\n".join(lines))
