@@ -110,8 +110,12 @@ def test_unknown_model_argument_fails_clearly_and_writes_no_results(tmp_path):
 
 def test_main_job_runs_lm_eval_and_says_where_results_are(embedded_checkpoint, tmp_path):
     out = tmp_path / "results"
-    proc = run_command([console_script("decodebench"), "demo", "--out", str(out), "--limit", "2"], cwd=tmp_path)
+    # CI runs the whole main job through README line 1; here one run on the smoke task suffices
+    command = ["demo", "--out", str(out), "--limit", "2", "--methods", "baseline", "--tasks", "facts_mini"]
+    proc = run_command([console_script("decodebench"), *command], cwd=tmp_path)
     assert proc.returncode == 0, explain(proc)
     (results,) = results_files(out / "baseline")
     assert str(results) in proc.stdout
     assert "| baseline | facts_mini |" in proc.stdout
+    assert (out / "leaderboard" / "leaderboard.html").is_file()
+    assert f"leaderboard: {out / 'leaderboard' / 'leaderboard.html'}" in proc.stdout
