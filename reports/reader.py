@@ -60,13 +60,18 @@ class Run:
 
     @property
     def label(self) -> str:
-        args = ", ".join(f"{k}={v}" for k, v in self.method_args.items())
+        args = ", ".join(f"{k}={_printable(v)}" for k, v in self.method_args.items())
         backend = f" [{self.backend}]" if self.backend and self.backend != "hf" else ""
         return f"{self.method}{backend}" + (f" ({args})" if args else "")
 
     @property
     def measured(self) -> bool:
         return self.machine is not None
+
+
+def _printable(value: Any) -> str:
+    """``str(value)`` with control characters escaped, so that split=\\n\\n keeps a table row on one line."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in str(value))
 
 
 class NotResults(ValueError):

@@ -96,6 +96,14 @@ def test_tables_show_quality_speed_ratio_energy_and_what_is_missing(outputs, tmp
     assert len(rows) == 5 and {r["task"] for r in rows} == {"squad_mini", "cnndm_mini"}
 
 
+def test_an_argument_with_a_newline_keeps_its_table_row_on_one_line(tmp_path):
+    results_file(tmp_path / "baseline", "baseline", {"squad_mini": (0.5, 10, 1.0)})
+    results_file(tmp_path / "nugget", "nugget", {"squad_mini": (0.25, 10, 1.0)}, args={"split": "\n\n"})
+    write_report([tmp_path], tmp_path / "board")
+    table = (tmp_path / "board" / "leaderboard.md").read_text().split("## squad_mini")[1].strip().split("\n\n")[0]
+    assert [line.startswith("| nugget (split=\\n\\n) |") for line in table.splitlines()[2:]] == [False, True]
+
+
 def test_partial_runs_and_bad_files_are_reported_not_hidden(tmp_path):
     path = results_file(tmp_path / "cut", "baseline", {"squad_mini": (0.5, 10, 1.0)})
     data = json.loads(path.read_text())

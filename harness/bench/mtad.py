@@ -45,7 +45,7 @@ def prompts(tokenizer, limit: int) -> list[str]:
     ]
 
 
-def run(doc: str | Path = "docs/benchmarks/mtad.md", limit: int = 4, new_tokens: int = 128) -> int:
+def run(doc: str | Path = "docs/benchmarks/mtad.md", limit: int = 3, new_tokens: int = 128) -> int:
     from decodebench.machine import describe, short_name
     from decodebench.models.mtad import MTAD
 
