@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -245,12 +245,40 @@ class Index:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False).input_ids
 
-    def infgram_prob(self, prompt_ids: list[int], cont_id: int) -> tuple[float, int]:
-        """(P_inf(cont | prompt), suffix length used); the empty suffix always matches."""
-        result = self.engine.infgram_prob(prompt_ids=prompt_ids, cont_id=cont_id)
+    def count(self, ids: Sequence[int]) -> int:
+        """Occurrences of ``ids`` in the corpus (the corpus size for an empty sequence)."""
+        result = self.engine.count(input_ids=list(ids))
         if "error" in result:
             raise InfinigramIndexError(f"infini-gram query failed: {result['error']}")
-        return result["prob"], result["suffix_len"]
+        return result["count"]
+
+    def infgram_prob(self, prompt_ids: Sequence[int], cont_id: int, longest: int | None = None) -> tuple[float, int]:
+        """(P_inf(cont | prompt), suffix length used): back off to the longest suffix of the prompt
+        that occurs in the corpus (paper, section 2); the empty suffix always matches.
+
+        ``longest`` bounds the suffix length when the caller knows it (in running text the suffix
+        grows by at most one token per position). Counts only shrink as a suffix grows, so the
+        longest candidate is tried first, which is one count while a match goes on, and otherwise
+        the length is found by binary search. Built on the engine's ``count``, which is 3-6x
+        cheaper per call than its own ``infgram_prob`` and releases the GIL.
+        """
+        prompt_ids = list(prompt_ids)
+        high = len(prompt_ids) if longest is None else min(longest, len(prompt_ids))
+        low, low_count = 0, self.size  # invariant: the suffix of length `low` occurs `low_count` times
+        top = self.count(prompt_ids[len(prompt_ids) - high :]) if high else self.size
+        if top:
+            low, low_count = high, top
+        else:
+            high -= 1
+            while low < high:
+                middle = (low + high + 1) // 2
+                found = self.count(prompt_ids[len(prompt_ids) - middle :])
+                if found:
+                    low, low_count = middle, found
+                else:
+                    high = middle - 1
+        continued = self.count([*prompt_ids[len(prompt_ids) - low :], cont_id])
+        return continued / low_count, low
 
 
 @cache

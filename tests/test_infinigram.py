@@ -83,6 +83,22 @@ def test_agreement_equals_a_brute_force_count_with_full_prefixes(small_index):
     assert result.agreement == pytest.approx(agreeing / len(continuation))
 
 
+def test_scoring_in_parallel_chunks_changes_nothing(small_index, monkeypatch):
+    import decodebench.metrics.infinigram as module
+
+    index, _ = small_index
+    rng = np.random.default_rng(3)
+    continuation = ([7, 3, 9, 1, 12, 5] * 6 + rng.integers(0, 40, size=200).tolist()) * 2
+    whole = infinigram_agreement(continuation, index, context=[4, 4, 2])
+    monkeypatch.setattr(module, "CHUNK", 7)
+    chunked = infinigram_agreement(continuation, index, context=[4, 4, 2])
+    assert (chunked.tokens, chunked.agreeing, chunked.by_effective_n) == (
+        whole.tokens,
+        whole.agreeing,
+        whole.by_effective_n,
+    )
+
+
 def test_text_is_tokenized_with_the_index_tokenizer(small_index, tokenizer):
     index, _ = small_index
     text = "The penalty looks back over a window of recent tokens."

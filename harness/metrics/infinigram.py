@@ -8,19 +8,24 @@ criterion, a lower bound on argmax accuracy). Agreement is the share of agreeing
 reported per effective n. Queries run on the ``infini-gram`` package's C++ engine.
 
 Successive tokens share work: the longest matching suffix can grow by at most one token per
-position, so each query passes only that many tokens of prefix (the paper's dense evaluation).
+position, so each query is bounded by the previous suffix plus one (the paper's dense evaluation).
+Suffixes are capped at MAX_SUFFIX tokens, which makes every position independent of where a scan
+starts, so long texts are scored in chunks on all cores (the engine releases the GIL).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
 from decodebench.infinigram import Index
 
-FIRST_PREFIX = 512  # tokens of context the first query may use
+MAX_SUFFIX = 512  # the longest suffix consulted: effective n is at most 513
+CHUNK = 2048  # positions per parallel work item
 
 
 @dataclass
@@ -32,6 +37,14 @@ class Agreement:
     @property
     def agreement(self) -> float | None:
         return self.agreeing / self.tokens if self.tokens else None
+
+    def add(self, other: Agreement) -> None:
+        self.tokens += other.tokens
+        self.agreeing += other.agreeing
+        for n, (tokens, agreeing) in other.by_effective_n.items():
+            bucket = self.by_effective_n.setdefault(n, [0, 0])
+            bucket[0] += tokens
+            bucket[1] += agreeing
 
     def as_list(self) -> list:
         """A JSON-friendly per-sample value: [agreeing, tokens, {n: [tokens, agreeing]}]."""
@@ -70,7 +83,8 @@ def infinigram_agreement(
     context: str | Sequence[int] = (),
     threshold: float = 0.5,
 ) -> Agreement:
-    """Agreement of ``continuation`` with the index's corpus, each token given everything before it.
+    """Agreement of ``continuation`` with the index's corpus, each token given the (up to MAX_SUFFIX)
+    tokens before it.
 
     Texts are tokenized with the tokenizer the index was built with; token ids are taken as they
     are. ``context`` (e.g. the prompt) conditions the first tokens but is not scored.
@@ -79,10 +93,26 @@ def infinigram_agreement(
     context_ids = idx.encode(context) if isinstance(context, str) else list(context)
     ids = idx.encode(continuation) if isinstance(continuation, str) else list(continuation)
     sequence = context_ids + ids
+    starts = range(len(context_ids), len(sequence), CHUNK)
+    spans = [(start, min(start + CHUNK, len(sequence))) for start in starts]
+    workers = min(len(spans), len(os.sched_getaffinity(0)))
+    if workers > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            parts = list(pool.map(lambda span: _score(idx, sequence, *span, threshold), spans))
+    else:
+        parts = [_score(idx, sequence, *span, threshold) for span in spans]
     result = Agreement()
-    suffix = FIRST_PREFIX - 1
-    for i in range(len(context_ids), len(sequence)):
-        prob, suffix = idx.infgram_prob(sequence[max(0, i - suffix - 1) : i], sequence[i])
+    for part in parts:
+        result.add(part)
+    return result
+
+
+def _score(idx: Index, sequence: list[int], start: int, stop: int, threshold: float) -> Agreement:
+    """Agreement of sequence[start:stop], each token given up to MAX_SUFFIX tokens before it."""
+    result = Agreement()
+    suffix = MAX_SUFFIX - 1
+    for i in range(start, stop):
+        prob, suffix = idx.infgram_prob(sequence[max(0, i - MAX_SUFFIX) : i], sequence[i], longest=suffix + 1)
         agrees = prob > threshold
         bucket = result.by_effective_n.setdefault(suffix + 1, [0, 0])
         bucket[0] += 1
