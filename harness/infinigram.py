@@ -252,18 +252,17 @@ class Index:
             raise InfinigramIndexError(f"infini-gram query failed: {result['error']}")
         return result["count"]
 
-    def infgram_prob(self, prompt_ids: Sequence[int], cont_id: int, longest: int | None = None) -> tuple[float, int]:
+    def infgram_prob(self, prompt_ids: Sequence[int], cont_id: int) -> tuple[float, int]:
         """(P_inf(cont | prompt), suffix length used): back off to the longest suffix of the prompt
         that occurs in the corpus (paper, section 2); the empty suffix always matches.
 
-        ``longest`` bounds the suffix length when the caller knows it (in running text the suffix
-        grows by at most one token per position). Counts only shrink as a suffix grows, so the
-        longest candidate is tried first, which is one count while a match goes on, and otherwise
+        Counts only shrink as a suffix grows, so the whole prompt is tried first (one count when a
+        caller passes just the previous suffix plus one token and the match goes on), and otherwise
         the length is found by binary search. Built on the engine's ``count``, which is 3-6x
         cheaper per call than its own ``infgram_prob`` and releases the GIL.
         """
         prompt_ids = list(prompt_ids)
-        high = len(prompt_ids) if longest is None else min(longest, len(prompt_ids))
+        high = len(prompt_ids)
         low, low_count = 0, self.size  # invariant: the suffix of length `low` occurs `low_count` times
         top = self.count(prompt_ids[len(prompt_ids) - high :]) if high else self.size
         if top:

@@ -112,7 +112,8 @@ def _score(idx: Index, sequence: list[int], start: int, stop: int, threshold: fl
     result = Agreement()
     suffix = MAX_SUFFIX - 1
     for i in range(start, stop):
-        prob, suffix = idx.infgram_prob(sequence[max(0, i - MAX_SUFFIX) : i], sequence[i], longest=suffix + 1)
+        prompt = sequence[max(0, i - min(suffix + 1, MAX_SUFFIX)) : i]  # the suffix grows by one at most
+        prob, suffix = idx.infgram_prob(prompt, sequence[i])
         agrees = prob > threshold
         bucket = result.by_effective_n.setdefault(suffix + 1, [0, 0])
         bucket[0] += 1
