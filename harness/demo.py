@@ -9,62 +9,49 @@ with the path of every results file, and the leaderboard of the runs is written 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from decodebench.runs import LmEvalRun
 
 
 @dataclass(frozen=True)
 class Run:
     name: str
     model: str
-    model_args: str = ""
+    model_args: dict[str, object] = field(default_factory=dict)
     batch_size: int = 4
 
 
-# Every run is measured exactly like the baseline, on the same tasks, limits and batch size.
+# Every run is measured exactly like the baseline, on the same tasks, limits and batch size;
+# each method runs with its defaults (the papers') unless said otherwise.
 RUNS = [
     Run("baseline", "baseline"),
-    Run("lz", "lz", "penalty=lz,strength=0.15"),
+    Run("lz", "lz"),
     # MTAD with its cheapest draft here (prompt lookup): neural beam drafts cost more than they
     # save on a CPU (docs/benchmarks/mtad.md); --batch_size is forced to 1, the paper's setting.
-    Run("mtad", "mtad", "draft=context,gamma=4", batch_size=1),
+    Run("mtad", "mtad", {"draft": "context"}, batch_size=1),
     # The attention selector: the better of the two training-free approximations of the paper's
     # learned one in docs/nugget-study.md (the delimiter one leaves this frozen model mute).
-    Run("nugget", "nugget", "selector=attention,ratio=10", batch_size=1),
+    Run("nugget", "nugget", {"selector": "attention", "ratio": 10}, batch_size=1),
 ]
 MINI_TASKS = ["decodebench_mini"]
 # Small enough to finish on 2 CPU cores in minutes (with the CLI's default --limit 4): short generations.
 MAX_GEN_TOKS = 128
 
 
-def lm_eval_command(run: Run, tasks: list[str], out: Path, limit: int | None) -> list[str]:
-    model_args = ",".join(arg for arg in ("pretrained=embedded", run.model_args) if arg)
-    options = {
-        "--model": run.model,
-        "--model_args": model_args,
-        "--tasks": ",".join(tasks),
-        "--gen_kwargs": f"max_gen_toks={MAX_GEN_TOKS}",
-        "--batch_size": str(run.batch_size),
-        "--output_path": str(out / run.name),
-    }
-    if limit is not None:
-        options["--limit"] = str(limit)
-    flags = ["--apply_chat_template", "--log_samples"]
-    return [sys.executable, "-m", "lm_eval", *(x for pair in options.items() for x in pair), *flags]
-
-
-def newest_results(folder: Path, since: float) -> Path | None:
-    found = [p for p in folder.glob("**/results_*.json") if p.stat().st_mtime >= since]
-    return max(found, key=lambda p: p.stat().st_mtime) if found else None
-
-
-def offline_env() -> dict[str, str]:
-    """Nothing may reach the Hugging Face hub during the demo: model and data are bundled."""
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+def lm_eval_run(run: Run, tasks: list[str], out: Path, limit: int | None) -> LmEvalRun:
+    return LmEvalRun(
+        model=run.model,
+        model_args={"pretrained": "embedded", **run.model_args},
+        tasks=tasks,
+        output_path=out / run.name,
+        batch_size=run.batch_size,
+        limit=limit,
+        gen_kwargs=f"max_gen_toks={MAX_GEN_TOKS}",
+    )
 
 
 def run_demo(
@@ -93,13 +80,11 @@ def run_demo(
 
     produced: dict[str, Path | None] = {}
     for number, run in enumerate(runs, 1):
-        command = lm_eval_command(run, task_list, out, limit)
-        print(f"\n[{number}/{len(runs)}] {run.name}: {' '.join(command[1:])}", flush=True)
-        run_started = time.time()
-        returncode = subprocess.call(command, env=offline_env())
-        produced[run.name] = newest_results(out / run.name, run_started) if returncode == 0 else None
-        if returncode != 0:
-            print(f"[{number}/{len(runs)}] {run.name} FAILED (exit code {returncode})", flush=True)
+        invocation = lm_eval_run(run, task_list, out, limit)
+        print(f"\n[{number}/{len(runs)}] {run.name}: {invocation.shown()}", flush=True)
+        produced[run.name] = invocation.run()
+        if produced[run.name] is None:
+            print(f"[{number}/{len(runs)}] {run.name} FAILED", flush=True)
 
     print(summary_table(produced))
     from decodebench.reports.leaderboard import write_report

@@ -14,15 +14,16 @@ run deletes the leftover temporary folder and starts again.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.util
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
+
+from filelock import FileLock
 
 from decodebench.paths import home
 
@@ -71,7 +72,7 @@ def ensure_embedded_model(root: Path | None = None, log: Callable[[str], None] |
     if is_complete(target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(target.parent / f".{target.name}.lock"):
+    with FileLock(target.parent / f".{target.name}.lock"):
         if is_complete(target):  # another process finished it while we waited
             return target
         _remove_leftovers(target)
@@ -129,18 +130,6 @@ def _remove_leftovers(target: Path) -> None:
         shutil.rmtree(leftover, ignore_errors=True)
     if target.exists() and not is_complete(target):
         shutil.rmtree(target)
-
-
-@contextlib.contextmanager
-def _exclusive_lock(path: Path) -> Iterator[None]:
-    import fcntl
-
-    with open(path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _sha256(path: Path) -> str:

@@ -2,8 +2,9 @@
 
 Each hook is a generator with one ``yield``, run around the execution of one lm-eval module:
 
-- ``register_models`` (after ``lm_eval.models``): our model names, as lazy ``"module:Class"``
-  placeholders, so nothing heavy is imported until lm-eval materialises the model asked for;
+- ``register_models`` (after ``lm_eval.models``): the methods of ``decodebench.models.registry``,
+  each behind a small ``LM`` subclass whose constructors import the method only when lm-eval
+  builds that model, so nothing heavy is imported before;
 - ``add_task_folder`` (after ``lm_eval.tasks.manager``): every ``TaskManager`` that includes
   lm-eval's built-in tasks also scans our task folder, after the built-ins (so our ``aime``
   deliberately overrides lm-eval's) and before a user's ``--include_path`` (so users can
@@ -24,17 +25,8 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import inspect
-from pathlib import Path
 
-# lm_eval --model NAME -> class. Each class dispatches on its `backend` argument.
-MODELS = {
-    "baseline": "decodebench.models.baseline:Baseline",
-    "lz": "decodebench.models.lz:LZ",
-    "mtad": "decodebench.models.mtad:MTAD",
-    "nugget": "decodebench.models.nugget:Nugget",
-}
-
-TASKS_DIR = Path(__file__).resolve().parent / "tasks"
+from decodebench.paths import TASKS_DIR
 
 _PATCHED = "_decodebench_patched"
 
@@ -43,9 +35,39 @@ def register_models(models_module):
     yield
     from lm_eval.api.registry import model_registry
 
-    for name, target in MODELS.items():
+    from decodebench.models.registry import methods
+
+    for name, target in methods().items():
         if name not in model_registry:
-            model_registry.register(name, target=target)
+            model_registry.register(name, target=lm_entry(name, target))
+
+
+def lm_entry(name: str, target: str) -> type:
+    """What lm-eval's registry holds for ``--model name``: an ``LM`` subclass (the registry requires
+    one) that is never instantiated; its constructors build the method's backend model."""
+    from lm_eval.api.model import LM
+
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
+        from decodebench.models.registry import load_method
+
+        return load_method(target).create(arg_dict, additional_config)
+
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    return type(
+        f"DecodeBench_{name}",
+        (LM,),
+        {
+            "__module__": __name__,
+            "__doc__": f"``lm_eval --model {name}``: the decodebench method {target}.",
+            "method_target": target,
+            "create_from_arg_obj": classmethod(create_from_arg_obj),
+            "create_from_arg_string": classmethod(create_from_arg_string),
+        },
+    )
 
 
 def add_task_folder(manager_module):

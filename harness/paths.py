@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 
 HOME_ENV = "DECODEBENCH_HOME"
+# The lm-eval task folder (YAMLs and bundled data), installed as decodebench/tasks.
+TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 
 
 def home() -> Path:

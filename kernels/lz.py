@@ -132,7 +132,7 @@ def _codelength(lam: torch.Tensor, dist: torch.Tensor) -> torch.Tensor:
 
 
 def lz_codelengths(
-    history: torch.Tensor, lengths: torch.Tensor, vocab_size: int, window: int = 512, buffer: int = 32
+    history: torch.Tensor, lengths: torch.Tensor, vocab_size: int, window: int, buffer: int
 ) -> torch.Tensor:
     """Codelength in bits of every next token for each row: a [N, V] float32 tensor.
 
@@ -154,8 +154,8 @@ def apply_lz_penalty_(
     history: torch.Tensor,
     lengths: torch.Tensor,
     alpha: torch.Tensor | float,
-    window: int = 512,
-    buffer: int = 32,
+    window: int,
+    buffer: int,
 ) -> torch.Tensor:
     """``logits += alpha * lz_codelengths(...)`` in place, up to a constant per row.
 

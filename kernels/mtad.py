@@ -22,15 +22,6 @@ import math
 import torch
 
 
-def check_mtad_args(gamma: int, beams: int, tau: float) -> None:
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-        raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
-    if isinstance(beams, bool) or not isinstance(beams, int) or beams < 1:
-        raise ValueError(f"beams must be an integer >= 1, got {beams!r}")
-    if not 0 <= tau < 1:
-        raise ValueError(f"tau must be in [0, 1), got {tau!r}")
-
-
 def mtad_accept_length(target_logprobs: torch.Tensor, draft_joint_logprobs: torch.Tensor, tau: float) -> torch.Tensor:
     """Algorithm 1, lines 6-13: the longest accepted draft prefix of each row.
 
@@ -49,27 +40,6 @@ def mtad_accept_length(target_logprobs: torch.Tensor, draft_joint_logprobs: torc
     passes = (joint_p - draft_joint_logprobs) > log_tau
     lengths = torch.arange(1, passes.shape[-1] + 1, device=passes.device)
     return torch.where(passes, lengths, torch.zeros_like(lengths)).amax(dim=-1)
-
-
-def warp_logits(
-    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = 20, top_p: float | None = 0.9
-) -> torch.Tensor:
-    """Appendix F's warping: temperature, keep the top-k tokens, then the top-p nucleus.
-
-    Returns log-probabilities [..., V] with ``-inf`` outside the kept set.
-    """
-    scores = logits / max(temperature, 1e-6)
-    if top_k is not None and 0 < top_k < scores.shape[-1]:
-        kth = torch.topk(scores, top_k, dim=-1).values[..., -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
-        cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(dim=-1)
-        # drop a token when the tokens before it already reach top_p (the first one always stays)
-        drop_sorted = (cumulative - torch.softmax(sorted_scores, dim=-1)) >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        scores = scores.masked_fill(drop, float("-inf"))
-    return torch.log_softmax(scores, dim=-1)
 
 
 def beam_step(beam_scores: torch.Tensor, logprobs: torch.Tensor, width: int):

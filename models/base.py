@@ -1,34 +1,137 @@
-"""What every decodebench model shares, whatever its backend.
+"""What a decodebench method is, and what every backend shares.
 
-A decodebench model is two mixins over an lm-eval backend class::
+A *method* (``Method``) is a small class: its name on the command line, a label that says what it
+is, its typed configuration (``models/config.py``), the backends it runs on, and hooks that the
+backends call. A *backend* (``models/hf.py`` over lm-eval's ``HFLM``, ``models/vllm.py`` over its
+``VLLM``) resolves ``pretrained`` (default: the embedded model), loads the model, measures every
+``generate_until`` request, and asks its method what to do; it never names a method.
 
-    class LZ(LZMethod, HFBackend)        # registered as `lm_eval --model lz`
-    class LZVLLM(LZMethod, VLLMBackend)  # what `--model lz --model_args backend=vllm` builds
+``lm_eval --model lz --model_args backend=vllm,strength=0.2`` therefore builds
+``VLLMBackend(method=LZ(LZConfig(strength=0.2)))``: ``Method.create`` checks the backend and the
+method's arguments before anything loads, and hands the rest to the backend.
 
-- the *method* mixin declares the method's name, its ``--model_args`` (``method_args``) and the
-  backends it runs on, and implements the method through the backend's hooks;
-- the *backend* (``models/hf.py`` subclasses lm-eval's ``HFLM``, ``models/vllm.py`` its
-  ``VLLM``) resolves ``pretrained`` (default: the embedded model), strips the method's
-  arguments before lm-eval sees them, rejects unknown ones, and measures every
-  ``generate_until`` request through ``decodebench.measure``.
+Hooks (all optional; the defaults are plain decoding):
 
-``DecodeBenchLM`` below holds the parts that do not depend on the backend.
+- ``setup(lm)``: once the model is loaded (drafts, selectors, generators);
+- transformers: ``hf_generate_kwargs(lm, input_ids, attention_mask, kwargs)`` adjusts
+  ``model.generate``'s keyword arguments (logits processors), or ``hf_decode(...)`` replaces the
+  decoding of a batch altogether; ``hf_score(...)`` computes per-row statistics after decoding,
+  outside the timed window;
+- vLLM: ``vllm_logits_processors()`` names engine logits processor classes, and
+  ``vllm_sampling_kwargs(kwargs)`` adjusts each request's ``SamplingParams``;
+- results: ``summarize(records)`` aggregates per-request statistics of one task, and
+  ``summary_columns(stats)`` says what a leaderboard shows of them.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from decodebench import __version__
-from decodebench.embedded import ensure_embedded_model
-from decodebench.machine import describe
-from decodebench.measure import Recorder, RequestRecord, sum_numeric_stats
+from decodebench.models.config import MethodConfig
+
+if TYPE_CHECKING:
+    from decodebench.measure import RequestRecord
 
 log = logging.getLogger(__name__)
+
+# The backends, imported only when asked for (vLLM may not be installed).
+BACKENDS = {
+    "hf": "decodebench.models.hf:HFBackend",
+    "vllm": "decodebench.models.vllm:VLLMBackend",
+}
+
+
+def load_backend(name: str) -> type:
+    module, _, attr = BACKENDS[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+class Method:
+    """One decoding method; subclasses set the class attributes and override the hooks they need."""
+
+    name: ClassVar[str] = ""  # --model NAME
+    label: ClassVar[str] = ""  # what it is: the paper's method, a variant, a peer
+    Config: ClassVar[type[MethodConfig]] = MethodConfig
+    backends: ClassVar[tuple[str, ...]] = ("hf",)
+
+    def __init__(self, config: MethodConfig | None = None):
+        self.config = config if config is not None else self.Config.defaults()
+
+    # -- construction (what lm-eval calls through the registry) ---------------------------
+    @classmethod
+    def create(cls, model_args: dict[str, Any], additional_config: dict | None = None):
+        """The backend model for ``model_args``, every argument checked before anything loads.
+
+        Unlike lm-eval's default, a key given in ``--model_args`` wins over the CLI's own
+        ``--batch_size``/``--device`` instead of failing with a duplicate keyword.
+        """
+        args = dict(model_args)
+        backend = args.pop("backend", "hf")
+        if backend not in cls.backends:
+            raise ValueError(
+                f"backend={backend!r} is not available for --model {cls.name}; allowed: {', '.join(cls.backends)}"
+            )
+        config, rest = cls.Config.parse(args)
+        backend_class = load_backend(backend)
+        allowed = set(backend_class.accepted_args())
+        unknown = sorted(k for k in rest if k not in allowed)
+        if unknown:
+            raise ValueError(
+                f"Unknown model argument(s) for --model {cls.name} with backend={backend}: {', '.join(unknown)}.\n"
+                f"  Method arguments: {cls.Config.describe()}.\n"
+                f"  Backend: backend ({', '.join(cls.backends)}).\n"
+                f"  {backend} arguments: {', '.join(sorted(allowed))}."
+            )
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in rest}
+        return backend_class(method=cls(config), **rest, **extra)
+
+    @property
+    def description(self) -> str:
+        """What ran, for results and reports (a method whose label depends on its arguments overrides it)."""
+        return self.label
+
+    # -- hooks ------------------------------------------------------------------------------
+    def setup(self, lm) -> None:
+        """Called once the backend has loaded the model."""
+
+    def hf_generate_kwargs(self, lm, input_ids, attention_mask, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Keyword arguments of ``model.generate`` for one batch (unchanged by default)."""
+        return kwargs
+
+    def hf_decode(self, lm, input_ids, attention_mask, *, stop: list[str], max_new_tokens: int, kwargs: dict):
+        """Decode one left-padded batch; by default ``model.generate`` as lm-eval's HFLM calls it."""
+        return lm.generate_batch(
+            input_ids,
+            attention_mask,
+            stop=stop,
+            max_new_tokens=max_new_tokens,
+            kwargs=self.hf_generate_kwargs(lm, input_ids, attention_mask, dict(kwargs)),
+        )
+
+    def hf_score(self, lm, input_ids, attention_mask, rows: list[list[int]]) -> list[dict[str, Any]] | None:
+        """Per-row statistics computed after decoding, outside the timed window (none by default)."""
+        return None
+
+    def vllm_logits_processors(self) -> list[type]:
+        """vLLM logits processor classes to load into the engine (none by default)."""
+        return []
+
+    def vllm_sampling_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """A request's ``SamplingParams`` keyword arguments for this method (unchanged by default)."""
+        return kwargs
+
+    def summarize(self, records: list[RequestRecord]) -> dict[str, Any]:
+        """Aggregate the per-request ``method_stats`` of one task (default: sum the numeric counters)."""
+        from decodebench.measure import sum_numeric_stats
+
+        return sum_numeric_stats(records)
+
+    def summary_columns(self, stats: dict[str, Any]) -> dict[str, float | str]:
+        """What a leaderboard shows of a task's method statistics (nothing by default)."""
+        return {}
 
 
 def resolve_pretrained(pretrained: Any) -> tuple[Any, bool]:
@@ -37,169 +140,44 @@ def resolve_pretrained(pretrained: Any) -> tuple[Any, bool]:
     Returns the value to load and whether it is the embedded model.
     """
     if pretrained is None or pretrained in ("", "embedded"):
+        from decodebench.embedded import ensure_embedded_model
+
         return str(ensure_embedded_model(log=log.info)), True
     return pretrained, False
 
 
-@dataclass(frozen=True)
-class Arg:
-    """One method argument of ``--model_args``: its type, default, and what it means."""
-
-    kind: type  # int, float, str or bool
-    default: Any
-    help: str
-    choices: tuple[Any, ...] | None = None
-    check: Callable[[Any], str | None] | None = None  # returns what is wrong, or None
-
-    def parse(self, name: str, value: Any) -> Any:
-        value = self._coerce(name, value)
-        if self.choices is not None and value not in self.choices:
-            raise ValueError(f"{name}={value!r} is not allowed; choose one of {list(self.choices)}")
-        if self.check is not None and value is not None:
-            problem = self.check(value)
-            if problem:
-                raise ValueError(f"{name}={value!r}: {problem}")
-        return value
-
-    def _coerce(self, name: str, value: Any) -> Any:
-        if value is None:
-            return None
-        kind = self.kind
-        if kind is bool:
-            if isinstance(value, bool):
-                return value
-            if isinstance(value, str) and value.lower() in ("true", "false"):
-                return value.lower() == "true"
-            raise ValueError(f"{name} must be true or false, got {value!r}")
-        if kind is int:
-            if isinstance(value, bool):
-                raise ValueError(f"{name} must be an integer, got {value!r}")
-            if isinstance(value, int):
-                return value
-            if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
-                return int(value)
-            raise ValueError(f"{name} must be an integer, got {value!r}")
-        if kind is float:
-            if isinstance(value, bool):
-                raise ValueError(f"{name} must be a number, got {value!r}")
-            try:
-                return float(value)
-            except (TypeError, ValueError):
-                raise ValueError(f"{name} must be a number, got {value!r}") from None
-        return str(value)
-
-
 class DecodeBenchLM:
-    """Backend-independent part of every decodebench model (a mixin placed before HFLM/VLLM)."""
+    """Backend-independent part of every backend (a mixin placed before HFLM/VLLM)."""
 
-    method: ClassVar[str] = "baseline"
-    method_args: ClassVar[dict[str, Arg]] = {}
-    # "hf" or "vllm", set by the backend class (not `backend`: HFLM uses that for causal/seq2seq)
-    backend_name: ClassVar[str] = ""
-    # backend name -> "module:Class" implementing this method on that backend
-    backends: ClassVar[dict[str, str]] = {}
-    # Paper-faithful or an approximation: shown in reports next to the method.
-    method_label: ClassVar[str] = ""
-
-    decodebench_recorder: Recorder
-    method_config: dict[str, Any]
-
-    # -- construction -------------------------------------------------------------------
-    @classmethod
-    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
-        from lm_eval.utils import simple_parse_args_string
-
-        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+    backend_name: ClassVar[str] = ""  # "hf" or "vllm" (not `backend`: HFLM uses that for causal/seq2seq)
+    method: Method
 
     @classmethod
-    def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict | None = None):
-        """What lm-eval calls: builds the class of the requested ``backend``.
-
-        Unlike lm-eval's default, a key given in ``--model_args`` wins over the CLI's own
-        ``--batch_size``/``--device`` defaults instead of failing with a duplicate keyword.
-        """
-        args = dict(arg_dict)
-        backend = args.pop("backend", "hf")
-        impl = cls.backend_class(backend)
-        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in args}
-        return impl(**args, **extra)
-
-    @classmethod
-    def backend_class(cls, backend: str) -> type:
-        if backend not in cls.backends:
-            raise ValueError(
-                f"backend={backend!r} is not available for --model {cls.method}; "
-                f"allowed: {', '.join(sorted(cls.backends))}"
-            )
-        module, _, attr = cls.backends[backend].partition(":")
-        return getattr(importlib.import_module(module), attr)
-
-    @classmethod
-    def backend_arg_names(cls) -> Sequence[str]:
-        """Model arguments the backend itself accepts (overridden by each backend)."""
+    def accepted_args(cls) -> Sequence[str]:
+        """Model arguments the backend itself accepts."""
         return ()
 
-    @classmethod
-    def split_arguments(cls, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Separate the method's arguments (parsed and checked) from the backend's.
-
-        Method arguments must never reach lm-eval's classes: HFLM forwards unknown keys to
-        ``from_pretrained``, which fails far from the cause. Unknown keys fail here instead.
-        """
-        kwargs = dict(kwargs)
-        requested_backend = kwargs.pop("backend", cls.backend_name)
-        if requested_backend != cls.backend_name:
-            raise ValueError(
-                f"{cls.__name__} implements backend={cls.backend_name!r}, not {requested_backend!r}; "
-                f"build models through {cls.__name__}.create_from_arg_obj to choose a backend"
-            )
-        method_values = {
-            name: spec.parse(name, kwargs.pop(name, spec.default)) for name, spec in cls.method_args.items()
-        }
-        method_values = cls.check_method_args(method_values)
-        allowed = set(cls.backend_arg_names())
-        unknown = sorted(k for k in kwargs if k not in allowed)
-        if unknown:
-            method_help = (
-                "; ".join(
-                    f"{name} ({spec.kind.__name__}, default {spec.default!r}): {spec.help}"
-                    for name, spec in cls.method_args.items()
-                )
-                or "none"
-            )
-            raise ValueError(
-                f"Unknown model argument(s) for --model {cls.method} with backend={cls.backend_name}: "
-                f"{', '.join(unknown)}.\n"
-                f"  Method arguments: {method_help}.\n"
-                f"  Backend: backend ({', '.join(sorted(cls.backends))}).\n"
-                f"  {cls.backend_name} arguments: {', '.join(sorted(allowed))}."
-            )
-        return method_values, kwargs
-
-    @classmethod
-    def check_method_args(cls, values: dict[str, Any]) -> dict[str, Any]:
-        """Checks between method arguments and defaults that depend on others (none by default)."""
-        return values
-
     def init_measurement(self, meter, synchronize=None) -> None:
+        from decodebench.measure import Recorder
+
         self.decodebench_recorder = Recorder(
-            meter, synchronize=synchronize, summarize_method_stats=self.summarize_method_stats
+            meter,
+            synchronize=synchronize,
+            summarize_method_stats=self.method.summarize,
+            summary_columns=self.method.summary_columns,
         )
 
-    # -- method hooks ---------------------------------------------------------------------
-    def summarize_method_stats(self, records: list[RequestRecord]) -> dict[str, Any]:
-        """Aggregate the per-request ``method_stats`` of one task (default: sum the counters)."""
-        return sum_numeric_stats(records)
-
-    # -- reporting ------------------------------------------------------------------------
     def decodebench_info(self, pretrained: str, embedded: bool, device: str) -> dict[str, Any]:
+        from decodebench import __version__
+        from decodebench.measure.machine import describe
+
         recorder = self.decodebench_recorder
         return {
             "version": __version__,
-            "method": self.method,
-            "method_label": self.method_label,
+            "method": self.method.name,
+            "method_label": self.method.description,
             "backend": self.backend_name,
-            "method_args": dict(self.method_config),
+            "method_args": self.method.config.as_dict(),
             "pretrained": pretrained,
             "embedded_model": embedded,
             "machine": describe(device),

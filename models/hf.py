@@ -1,14 +1,11 @@
-"""The transformers backend: lm-eval's HFLM with measured generation and method hooks.
+"""The transformers backend: lm-eval's HFLM with measured generation; it knows no method.
 
 ``generate_until`` keeps HFLM's semantics (requests grouped by generation kwargs, sorted
 longest-first, left-padded batches of ``batch_size``, ``max_gen_toks``, stop sequences plus
 EOS, text cut at the first stop) but runs task by task and batch by batch inside a measurement
-window, so every request gets its own record. Methods plug in through two hooks:
-
-- ``prepare_generate(input_ids, attention_mask, generation_kwargs)``: the keyword arguments of
-  ``model.generate`` for one batch, e.g. with extra LogitsProcessors (the LZ penalty);
-- ``decode_batch(...)``: the whole decoding of one batch (MTAD, nugget); the default is
-  ``model.generate`` exactly as HFLM calls it.
+window, so every request gets its own record. Each batch is decoded by the method's
+``hf_decode`` hook (``models/base.py``); the default is ``generate_batch``, which is
+``model.generate`` exactly as HFLM calls it, with the method's ``hf_generate_kwargs``.
 """
 
 from __future__ import annotations
@@ -28,8 +25,8 @@ from tqdm import tqdm
 from transformers import LogitsProcessorList
 from transformers.generation.streamers import BaseStreamer
 
-from decodebench.energy import open_meter
-from decodebench.models.base import DecodeBenchLM, check_complete, group_by_task, resolve_pretrained
+from decodebench.measure.energy import open_meter
+from decodebench.models.base import DecodeBenchLM, Method, check_complete, group_by_task, resolve_pretrained
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +45,7 @@ FROM_PRETRAINED_PASSTHROUGH = (
 
 @dataclass
 class DecodeOutput:
-    """What a method's ``decode_batch`` returns for one batch."""
+    """What a method's ``hf_decode`` returns for one batch."""
 
     tokens: torch.Tensor | list[list[int]]  # new tokens per row (rows may be padded after EOS)
     first_token_at: float | None = None  # time.perf_counter() when the first new token existed
@@ -74,8 +71,8 @@ class FirstTokenClock(BaseStreamer):
 class HFBackend(DecodeBenchLM, HFLM):
     backend_name = "hf"
 
-    def __init__(self, pretrained: Any = None, **kwargs):
-        self.method_config, backend_kwargs = self.split_arguments(kwargs)
+    def __init__(self, method: Method, pretrained: Any = None, **backend_kwargs):
+        self.method = method
         pretrained, self.uses_embedded_model = resolve_pretrained(pretrained)
         # HFLM's own `backend` argument (causal/seq2seq) is not ours: every method here is for
         # decoder-only models.
@@ -88,42 +85,20 @@ class HFBackend(DecodeBenchLM, HFLM):
             synchronize=torch.cuda.synchronize if on_cuda else None,
         )
         self._auto_batch_size: int | None = None
-        self.setup_method()
+        method.setup(self)
 
     @classmethod
-    def backend_arg_names(cls):
+    def accepted_args(cls):
         params = inspect.signature(HFLM.__init__).parameters.values()
         named = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
         return sorted((named - {"self", "backend"}) | set(FROM_PRETRAINED_PASSTHROUGH))
 
-    # -- method hooks -------------------------------------------------------------------
-    def setup_method(self) -> None:
-        """Called once the target model is loaded (load drafts, selectors, ...)."""
-
-    def prepare_generate(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, generation_kwargs: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Keyword arguments for ``model.generate`` on this batch (unchanged by default)."""
-        return generation_kwargs
-
-    def score_batch(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: list[list[int]]
-    ) -> list[dict[str, Any]] | None:
-        """Per-row statistics computed after decoding, outside the timed window (none by default)."""
-        return None
-
-    def decode_batch(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        *,
-        stop: list[str],
-        max_new_tokens: int,
-        generation_kwargs: dict[str, Any],
+    # -- decoding ---------------------------------------------------------------------------
+    def generate_batch(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, stop: list[str], max_new_tokens: int, kwargs
     ) -> DecodeOutput:
-        """Decode one left-padded batch; the default is HFLM's ``model.generate`` call."""
+        """``model.generate`` on one left-padded batch, as HFLM calls it."""
         clock = FirstTokenClock()
-        kwargs = self.prepare_generate(input_ids, attention_mask, dict(generation_kwargs))
         if isinstance(kwargs.get("logits_processor"), list):
             kwargs["logits_processor"] = LogitsProcessorList(kwargs["logits_processor"])
         sequences = self._model_generate(
@@ -144,7 +119,7 @@ class HFBackend(DecodeBenchLM, HFLM):
         pbar = tqdm(
             total=len(requests),
             disable=disable_tqdm or self.rank != 0,
-            desc=f"{self.method} (hf) generate_until",
+            desc=f"{self.method.name} (hf) generate_until",
         )
         for task, positions in group_by_task(requests):
             for batch in self._batches(requests, positions):
@@ -168,16 +143,12 @@ class HFBackend(DecodeBenchLM, HFLM):
                 max_new_tokens = max_length - input_ids.shape[1]
 
                 with recorder.open(task) as window:
-                    out = self.decode_batch(
-                        input_ids,
-                        attention_mask,
-                        stop=until,
-                        max_new_tokens=max_new_tokens,
-                        generation_kwargs=kwargs,
+                    out = self.method.hf_decode(
+                        self, input_ids, attention_mask, stop=until, max_new_tokens=max_new_tokens, kwargs=kwargs
                     )
                     rows = out.tokens.tolist() if isinstance(out.tokens, torch.Tensor) else out.tokens
                 ttft = out.first_token_at - window.started_at if out.first_token_at else None
-                scores = self.score_batch(input_ids, attention_mask, rows)  # outside the timed window
+                scores = self.method.hf_score(self, input_ids, attention_mask, rows)  # outside the timed window
                 prompt_lengths = attention_mask.sum(dim=1).tolist()
                 for row, position in enumerate(batch):
                     text, new_tokens, finish = self._finish_row(rows[row], until)
@@ -236,7 +207,7 @@ class HFBackend(DecodeBenchLM, HFLM):
             log.info("batch_size=auto: using %d", self._auto_batch_size)
         return self._auto_batch_size
 
-    def _eos_ids(self) -> set[int]:
+    def eos_ids(self) -> set[int]:
         ids = {self.eot_token_id}
         configured = getattr(self._model.generation_config, "eos_token_id", None)
         if isinstance(configured, int):
@@ -247,7 +218,7 @@ class HFBackend(DecodeBenchLM, HFLM):
 
     def _finish_row(self, row: list[int], until: list[str]) -> tuple[str, int, str]:
         """Text (as HFLM would return it), counted new tokens, and why the row ended."""
-        eos_ids = self._eos_ids()
+        eos_ids = self.eos_ids()
         end = next((i + 1 for i, token in enumerate(row) if token in eos_ids), None)
         tokens, finish = (row[:end], "eos") if end is not None else (row, "length")
 
@@ -277,65 +248,3 @@ class HFBackend(DecodeBenchLM, HFLM):
                     lo = mid + 1
             count = lo
         return text, count, finish
-
-
-class RowDecoding:
-    """For methods that decode each row of a batch with their own loop (MTAD, nugget).
-
-    ``decode_batch`` strips each row's left padding and calls ``decode_row(prompt, stop,
-    max_new_tokens, sampling)``, which returns (new tokens, statistics, first-token timestamp).
-    ``sampling`` is None for greedy decoding, else warping arguments for ``choose``.
-    """
-
-    generator: torch.Generator
-
-    def decode_row(self, prompt: list[int], stop: list[str], max_new: int, sampling: dict | None):
-        raise NotImplementedError
-
-    def decode_batch(self, input_ids, attention_mask, *, stop, max_new_tokens, generation_kwargs) -> DecodeOutput:
-        sampling = self.sampling(generation_kwargs)
-        rows, stats, first = [], [], None
-        for row in range(input_ids.shape[0]):
-            prompt = input_ids[row][attention_mask[row].bool()].tolist()
-            tokens, row_stats, first_at = self.decode_row(prompt, stop, max_new_tokens, sampling)
-            rows.append(tokens)
-            stats.append(row_stats)
-            first = first or first_at
-        return DecodeOutput(tokens=rows, first_token_at=first, row_stats=stats)
-
-    def sampling(self, kwargs: dict) -> dict | None:
-        """None for greedy decoding, else temperature, top-k and top-p (the task's values)."""
-        if not kwargs.get("do_sample"):
-            return None
-        return {
-            "temperature": float(kwargs.get("temperature") or 1.0),
-            "top_k": kwargs.get("top_k"),
-            "top_p": kwargs.get("top_p"),
-        }
-
-    def choose(self, logits: torch.Tensor, sampling: dict | None) -> int:
-        """The next token: argmax, or a sample from the warped distribution."""
-        if sampling is None:
-            return int(logits.argmax())
-        from decodebench.kernels.mtad import warp_logits
-
-        return int(torch.multinomial(warp_logits(logits, **sampling).exp(), 1, generator=self.generator))
-
-    def eos_position(self, tokens: list[int]) -> int | None:
-        eos = self._eos_ids()
-        return next((i for i, t in enumerate(tokens) if t in eos), None)
-
-    def finished(self, generated: list[int], stop: list[str], max_new: int) -> bool:
-        """HFLM's stopping rules for one row: max_gen_toks, an EOS token, or a stop sequence."""
-        if len(generated) >= max_new or self.eos_position(generated) is not None:
-            return True
-        stops = [s for s in stop if s]
-        if not stops:
-            return False
-        tail = self.tok_decode(generated[-(max(map(len, stops)) + 16) :])
-        return any(s in tail for s in stops)
-
-    def truncate(self, generated: list[int], max_new: int) -> list[int]:
-        """Cut after the first EOS and at max_new tokens (a draft may overshoot both)."""
-        eos = self.eos_position(generated)
-        return generated[: min(len(generated), max_new, eos + 1 if eos is not None else len(generated))]

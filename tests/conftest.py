@@ -70,3 +70,38 @@ def embedded_checkpoint() -> Path:
     from decodebench.embedded import ensure_embedded_model
 
     return ensure_embedded_model()
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(embedded_checkpoint, tmp_path_factory) -> Path:
+    """A tiny random-config Llama (2 layers, hidden 64) with the embedded model's tokenizer and chat
+    template: the model logic of every method runs on it in a fraction of a second."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(embedded_checkpoint)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+    )
+    path = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def fake_requests(prompts: list[str], **gen_kwargs) -> list:
+    """lm-eval ``Instance``-like requests of one task, for calling ``generate_until`` directly."""
+    from types import SimpleNamespace
+
+    kwargs = {"until": [], "max_gen_toks": 16, "do_sample": False, **gen_kwargs}
+    return [SimpleNamespace(task_name="t", doc_id=i, idx=0, args=(p, dict(kwargs))) for i, p in enumerate(prompts)]

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from decodebench.energy import NvmlMeter, RaplMeter, UnavailableMeter, open_meter, visible_cuda_to_nvml
+from decodebench.measure.energy import NvmlMeter, RaplMeter, UnavailableMeter, open_meter, visible_cuda_to_nvml
 
 
 def write_zone(root, name, energy_uj, max_uj=1_000_000, label="package-0"):

@@ -1,12 +1,13 @@
-"""`--model lz` for real: the processors on the embedded model, and through the lm_eval command."""
+"""`--model lz` for real: the processors on a model, and through the lm_eval command."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import explain, read_results, results_files, run_lm_eval
+from conftest import explain, read_results, run_lm_eval
 
-from decodebench.models.processors import FrequencyPenaltyLogitsProcessor, LZPenaltyLogitsProcessor
+from decodebench.models.lz import LZ, LZConfig
+from decodebench.models.lz.processors import FrequencyPenaltyLogitsProcessor, LZPenaltyLogitsProcessor
 
 pytestmark = pytest.mark.model
 
@@ -14,11 +15,11 @@ PROMPT = "List the days of the week, again and again:"
 
 
 @pytest.fixture(scope="module")
-def model_and_tokenizer(embedded_checkpoint):
+def model_and_tokenizer(tiny_checkpoint):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(embedded_checkpoint)
-    model = AutoModelForCausalLM.from_pretrained(embedded_checkpoint, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32)
     return model, tokenizer
 
 
@@ -37,20 +38,24 @@ def generate(model, tokenizer, processors, new_tokens=40):
     return out[0, ids.shape[1] :].tolist(), ids.shape[1]
 
 
+def lz(strength: float) -> LZConfig:
+    return LZConfig.parse({"strength": strength})[0]
+
+
 def test_strong_lz_penalty_forbids_every_token_already_in_the_window(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
     plain, width = generate(model, tokenizer, [])
-    assert len(set(plain)) < len(plain), "the prompt should make greedy decoding repeat itself"
-    penalized, _ = generate(model, tokenizer, [LZPenaltyLogitsProcessor(100.0, 512, 32, width)])
+    assert len(set(plain)) < len(plain), "greedy decoding of this model should repeat itself"
+    penalized, _ = generate(model, tokenizer, [LZPenaltyLogitsProcessor(lz(100.0), width)])
     assert len(set(penalized)) == len(penalized)
 
 
 def test_zero_strength_changes_nothing_and_default_strength_changes_a_loop(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
     plain, width = generate(model, tokenizer, [])
-    assert generate(model, tokenizer, [LZPenaltyLogitsProcessor(0.0, 512, 32, width)])[0] == plain
+    assert generate(model, tokenizer, [LZPenaltyLogitsProcessor(lz(0.0), width)])[0] == plain
     assert generate(model, tokenizer, [FrequencyPenaltyLogitsProcessor(0.0, width)])[0] == plain
-    assert generate(model, tokenizer, [LZPenaltyLogitsProcessor(0.15, 512, 32, width)])[0] != plain
+    assert generate(model, tokenizer, [LZPenaltyLogitsProcessor(LZConfig.defaults(), width)])[0] != plain
 
 
 def test_frequency_processor_subtracts_counts_of_generated_tokens_only():
@@ -60,20 +65,35 @@ def test_frequency_processor_subtracts_counts_of_generated_tokens_only():
     assert out.tolist() == [[0.0, -0.5, -1.5, 0.0, 0.0, 0.0]]
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"window": 32, "buffer": 32}, "window must be larger than buffer, got window=32, buffer=32"),
+        ({"strength": -0.1}, "strength=-0.1: must be >= 0"),
+        ({"penalty": "repetition", "strength": 0.5}, "the repetition penalty factor must be >= 1"),
+        ({"penalty": "presence"}, "choose one of"),
+    ],
+)
+def test_bad_lz_arguments_fail_before_loading(args, message):
+    with pytest.raises(ValueError, match=message):
+        LZ.create(args)
+
+
+def test_each_penalty_gets_its_own_default_strength():
+    assert [LZConfig.parse({"penalty": p})[0].strength for p in ("lz", "frequency", "repetition", "none")] == [
+        0.15,
+        0.3,
+        1.2,
+        0.0,
+    ]
+
+
 @pytest.mark.slow
-def test_lm_eval_runs_each_penalty_and_records_its_arguments(embedded_checkpoint, tmp_path):
+def test_lm_eval_runs_a_penalty_and_records_its_arguments(tiny_checkpoint, tmp_path):
     out = tmp_path / "out"
     proc = run_lm_eval(
-        "--model",
-        "lz",
-        "--model_args",
-        "penalty=frequency,strength=0.5",
-        "--tasks",
-        "facts_mini",
-        "--limit",
-        "2",
-        "--output_path",
-        str(out),
+        *("--model", "lz", "--model_args", f"pretrained={tiny_checkpoint},penalty=frequency,strength=0.5"),
+        *("--tasks", "facts_mini", "--limit", "2", "--output_path", str(out)),
         cwd=tmp_path,
     )
     assert proc.returncode == 0, explain(proc)
@@ -85,25 +105,4 @@ def test_lm_eval_runs_each_penalty_and_records_its_arguments(embedded_checkpoint
         "buffer": 32,
         "include_prompt": False,
     }
-    assert info["tasks"]["facts_mini"]["degenerate_rate"] == 0.0
-
-
-@pytest.mark.slow
-def test_bad_lz_sizes_fail_before_loading_and_leave_no_results(tmp_path):
-    out = tmp_path / "out"
-    proc = run_lm_eval(
-        "--model",
-        "lz",
-        "--model_args",
-        "window=32,buffer=32",
-        "--tasks",
-        "facts_mini",
-        "--limit",
-        "1",
-        "--output_path",
-        str(out),
-        cwd=tmp_path,
-    )
-    assert proc.returncode != 0
-    assert "window must be larger than buffer, got window=32, buffer=32" in proc.stderr
-    assert results_files(out) == []
+    assert info["tasks"]["facts_mini"]["requests"] == 2

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from decodebench.energy import UnavailableMeter
 from decodebench.measure import Recorder
+from decodebench.measure.energy import UnavailableMeter
 
 
 class CountingMeter:

@@ -8,7 +8,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from decodebench.kernels.mtad import beam_step, check_mtad_args, mtad_accept_length, speculative_accept, warp_logits
+from decodebench.kernels.mtad import beam_step, mtad_accept_length, speculative_accept
+from decodebench.models.rows import Sampler
 
 
 def logs(*values):
@@ -46,16 +47,20 @@ def test_beam_step_matches_brute_force():
     assert new_scores.tolist() == pytest.approx([s for s, _, _ in brute])
 
 
-def test_warping_matches_transformers_top_k_then_top_p():
-    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-
+def test_sampler_warps_by_temperature_then_top_k_then_top_p():
     torch.manual_seed(0)
     logits = torch.randn(6, 300) * 3
-    reference = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(20), TopPLogitsWarper(0.9)])
-    expected = reference(torch.zeros(6, 1, dtype=torch.long), logits.clone())
-    ours = warp_logits(logits, temperature=0.7, top_k=20, top_p=0.9)
-    assert torch.equal(torch.isinf(ours), torch.isinf(expected))
-    assert torch.allclose(ours.exp(), torch.softmax(expected, dim=-1), atol=1e-6)
+    warped = Sampler(temperature=0.7, top_k=20, top_p=0.9).logprobs(logits)
+    for row in range(6):
+        probs = torch.softmax(logits[row] / 0.7, dim=-1)
+        top = torch.topk(probs, 20)
+        renormalized = top.values / top.values.sum()
+        # the nucleus: the fewest of the top-20 tokens whose mass reaches 0.9
+        keep = int((renormalized.cumsum(0) < 0.9).sum()) + 1
+        expected = set(top.indices[:keep].tolist())
+        assert set(torch.nonzero(torch.isfinite(warped[row])).flatten().tolist()) == expected
+        kept = top.indices[:keep]
+        assert torch.allclose(warped[row, kept].exp(), renormalized[:keep] / renormalized[:keep].sum(), atol=1e-6)
 
 
 def expected(probs: torch.Tensor, observed: torch.Tensor) -> torch.Tensor:
@@ -100,18 +105,31 @@ def test_identical_draft_and_target_accept_everything():
 
 
 @pytest.mark.parametrize(
-    ("gamma", "beams", "tau", "message"),
+    ("args", "message"),
     [
-        (0, 8, 0.1, "gamma must be"),
-        (4, 0, 0.1, "beams must be"),
-        (4, 8, 1.0, "tau must be in"),
-        (4, 8, -0.1, "tau must be in"),
-        (2.5, 8, 0.1, "gamma must be"),
+        ({"gamma": 0}, "gamma=0: must be >= 1"),
+        ({"beams": -1.0}, r"beams=-1: must be >= 1"),
+        ({"tau": 1.0}, r"tau=1.0: must be in \[0, 1\)"),
+        ({"tau": -0.1}, r"tau=-0.1: must be in \[0, 1\)"),
+        ({"tau": float("nan")}, "must be a finite number"),
+        ({"gamma": 2.5}, "gamma must be an integer"),
+        ({"seed": -1.0}, "seed=-1: must be >= 0"),
+        ({"draft": "self:x"}, "self:<k> with an integer"),
+        ({"mode": "assisted", "draft": "infinigram"}, "has no infini-gram draft"),
     ],
 )
-def test_bad_mtad_arguments(gamma, beams, tau, message):
+def test_bad_mtad_arguments(args, message):
+    from decodebench.models.mtad import MTADConfig
+
     with pytest.raises(ValueError, match=message):
-        check_mtad_args(gamma, beams, tau)
+        MTADConfig.parse(args)
+
+
+def test_every_mode_name_has_its_class():
+    from decodebench.models.mtad.config import MODES
+    from decodebench.models.mtad.modes import MODES as CLASSES
+
+    assert set(MODES) == set(CLASSES) and all(CLASSES[name].name == name for name in MODES)
 
 
 def test_log_space_avoids_underflow():

@@ -1,4 +1,4 @@
-"""Nugget compression: selection and gather kernels, the model on the embedded checkpoint, bad input."""
+"""Nugget compression: selection and gather kernels, the model logic on a tiny model, bad input."""
 
 from __future__ import annotations
 
@@ -59,15 +59,24 @@ def test_bad_ratios_fail(ratio):
         check_ratio(ratio)
 
 
+def test_every_selector_name_has_its_class():
+    from decodebench.models.nugget.config import SELECTOR_NAMES
+    from decodebench.models.nugget.selectors import SELECTORS
+
+    assert set(SELECTOR_NAMES) == set(SELECTORS) and all(SELECTORS[n].name == n for n in SELECTOR_NAMES)
+
+
 @pytest.mark.model
 class TestNuggetModel:
     @pytest.fixture(scope="class")
-    def prompts(self, embedded_checkpoint):
-        from decodebench.lmeval_plugin import TASKS_DIR
+    @classmethod
+    def prompts(cls, tiny_checkpoint):
         from decodebench.models.baseline import Baseline
+        from decodebench.paths import TASKS_DIR
         from decodebench.taskdata import load_jsonl
 
-        base = Baseline(pretrained="embedded", device="cpu")
+        cls.checkpoint = str(tiny_checkpoint)
+        base = Baseline.create({"pretrained": cls.checkpoint, "device": "cpu"})
         rows = load_jsonl(TASKS_DIR / "squad" / "squad_mini.jsonl")[:2]
         texts = [
             f"{r['context']}\n\nBased on the provided document, answer the following question:\n{r['question']}"
@@ -85,7 +94,7 @@ class TestNuggetModel:
     def nugget(self, **args):
         from decodebench.models.nugget import Nugget
 
-        return Nugget.create_from_arg_obj({"pretrained": "embedded", "device": "cpu", **args})
+        return Nugget.create({"pretrained": self.checkpoint, "device": "cpu", **args})
 
     def test_full_context_reproduces_plain_decoding(self, prompts):
         reqs, reference = prompts
@@ -109,9 +118,9 @@ class TestNuggetModel:
         reqs, _ = prompts
         model = self.nugget()
         ids = model.tok_encode(reqs[0].args[0])
-        n = model.split_point(ids)
+        n = model.method.split_point(model, ids)
         assert model.tokenizer.decode(ids[n:]).lstrip().startswith("Based on the provided document")
-        assert model.split_point(model.tok_encode("no blank line here")) == 0
+        assert model.method.split_point(model, model.tok_encode("no blank line here")) == 0
 
     def test_short_documents_and_prompts_without_a_split_are_left_alone(self, prompts):
         model = self.nugget(ratio=10)
@@ -123,12 +132,12 @@ class TestNuggetModel:
         model.generate_until(reqs)
         assert model.decodebench_recorder.task_summaries()["t"]["method"]["uncompressed_requests"] == 1
 
-    def test_a_trained_selector_loads_and_one_for_another_model_is_refused(self, embedded_checkpoint, tmp_path):
-        from decodebench.nugget_training import FORMAT, train
+    def test_a_trained_selector_loads_and_one_for_another_model_is_refused(self, tmp_path):
+        from decodebench.models.nugget.training import FORMAT, train
 
-        path = train(str(embedded_checkpoint), tmp_path / "sel.pt", steps=3, log=lambda msg: None)
+        path = train(self.checkpoint, tmp_path / "sel.pt", steps=3, layer=1, log=lambda msg: None)
         model = self.nugget(selector=str(path))
-        assert "learned" in model.method_label
+        assert "learned" in model.method.description
         saved = torch.load(path, weights_only=True)
         saved["model"]["hidden_size"] += 1
         torch.save(saved, tmp_path / "other.pt")
@@ -144,5 +153,5 @@ class TestNuggetModel:
     def test_ratio_below_one_fails_before_loading(self):
         from decodebench.models.nugget import Nugget
 
-        with pytest.raises(ValueError, match=r"ratio=0\.5: must be >= 1"):
-            Nugget.split_arguments({"ratio": 0.5})
+        with pytest.raises(ValueError, match=r"ratio must be a number >= 1 \(1 keeps every token\), got 0\.5"):
+            Nugget.create({"ratio": 0.5})

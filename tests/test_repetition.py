@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decodebench.kernels.repetition import Loop, detect, find_loops
 from decodebench.metrics import degenerate_repetition, find_degenerate_repetition
+from decodebench.metrics.loops import Loop, detect, find_loops
 
 QWQ = (  # the excerpt of the LZ penalty paper (section 1): runs of ~18, drifting
     "Non! " * 19 + "nono! " + "This! " * 19 + "Third! " * 18 + "Tenth! " * 18 + "tenth! " * 17 + "Okay! " + "We! " * 18

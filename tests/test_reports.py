@@ -34,6 +34,7 @@ def results_file(
             "energy_unavailable_reason": None if energy else "no counter on this test machine",
             "degenerate_rate": 0.25,
             "method": {"block_efficiency": 2.5} if method == "mtad" else {},
+            "method_columns": {"block efficiency": 2.5} if method == "mtad" else {},
         }
     config = {"model": method, "model_args": {"pretrained": pretrained}}
     if measured:

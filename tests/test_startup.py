@@ -34,7 +34,7 @@ def test_plain_interpreter_imports_nothing_heavy_but_runs_the_hook():
 
 
 def test_importing_decodebench_cli_and_metrics_stays_light():
-    names = imported_modules("import decodebench.cli, decodebench.metrics, decodebench.energy")
+    names = imported_modules("import decodebench.cli, decodebench.metrics, decodebench.measure.energy")
     heavy = sorted(n for n in names if n.split(".")[0] in HEAVY)
     assert heavy == []
 
@@ -43,13 +43,13 @@ def test_registry_has_ours_and_lm_eval_builtins():
     code = (
         "from lm_eval.api.registry import get_model, model_registry\n"
         "from lm_eval.models.huggingface import HFLM\n"
-        "print(get_model('baseline').__module__, get_model('hf') is HFLM, 'vllm' in model_registry)\n"
+        "print(get_model('baseline').method_target, get_model('hf') is HFLM, 'vllm' in model_registry)\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=offline_env(), cwd=REPO.parent
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split()[-3:] == ["decodebench.models.baseline", "True", "True"]
+    assert proc.stdout.split()[-3:] == ["decodebench.models.baseline:Baseline", "True", "True"]
 
 
 def test_task_manager_finds_our_tasks_next_to_builtins_and_user_paths(tmp_path):

@@ -7,8 +7,8 @@ import sqlite3
 
 import pytest
 
-from decodebench.lmeval_plugin import TASKS_DIR
 from decodebench.metrics import SpiderError, rouge
+from decodebench.paths import TASKS_DIR
 
 
 def task_utils(folder: str):
@@ -23,11 +23,19 @@ def task_utils(folder: str):
 def no_infinigram(monkeypatch):
     """Scoring glue is tested without the reference index (tests/test_infinigram.py covers it)."""
     monkeypatch.setenv("DECODEBENCH_INFINIGRAM_INDEX", "none")
-    from decodebench import taskmetrics
+    from decodebench.metrics import generation
 
-    taskmetrics._index.cache_clear()
+    generation._index.cache_clear()
     yield
-    taskmetrics._index.cache_clear()
+    generation._index.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def task_manager():
+    """lm-eval's task index (our folder included by the start-up hook), built once: it reads ~15k YAMLs."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager()
 
 
 def test_squad_glue_scores_a_known_case():
@@ -126,11 +134,9 @@ def test_math_word_mini_takes_the_last_number():
     ("task", "local_data"),
     [("squad", "squad/squad_mini.jsonl"), ("cnndm", "cnndm/cnndm_mini.jsonl"), ("aime", "aime/aime_mini.jsonl")],
 )
-def test_real_task_configs_run_on_local_files_of_the_same_schema(task, local_data, tmp_path):
+def test_real_task_configs_run_on_local_files_of_the_same_schema(task, local_data, task_manager):
     """The hub-backed YAMLs, with their dataset swapped for a local file of the real schema."""
-    from lm_eval.tasks import TaskManager
-
-    manager = TaskManager()
+    manager = task_manager
     config = _load_config(manager._index[task].yaml_path)
     split = config.get("test_split") or config.get("validation_split")
     config.update(
@@ -153,10 +159,8 @@ def _load_config(path):
     return load_yaml(path, resolve_func=True)
 
 
-def test_task_index_resolves_our_names_over_lm_evals():
-    from lm_eval.tasks import TaskManager
-
-    manager = TaskManager()
+def test_task_index_resolves_our_names_over_lm_evals(task_manager):
+    manager = task_manager
     for name in ("squad", "spider", "cnndm", "aime", "gpqa", "squad_mini", "decodebench_mini"):
         entry = manager._index[name]
         assert str(TASKS_DIR) in str(entry.yaml_path), f"{name} resolves to {entry.yaml_path}"

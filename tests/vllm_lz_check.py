@@ -10,7 +10,8 @@ import sys
 if __name__ == "__main__":
     from vllm import LLM, SamplingParams
 
-    from decodebench.models.vllm_processors import LZPenaltyLogitsProcessor, lz_extra_args
+    from decodebench.models.lz import LZConfig
+    from decodebench.models.lz.vllm_processor import LZPenaltyLogitsProcessor, lz_extra_args
 
     llm = LLM(
         model=sys.argv[1],
@@ -24,7 +25,7 @@ if __name__ == "__main__":
     # Different lengths make requests finish at different steps, so vLLM condenses and moves rows.
     plain = [SamplingParams(max_tokens=12 + 6 * k, temperature=0) for k in range(6)]
     lz = [
-        SamplingParams(max_tokens=30 + 5 * k, temperature=0, extra_args=lz_extra_args(100.0, 512, 32, False))
+        SamplingParams(max_tokens=30 + 5 * k, temperature=0, extra_args=lz_extra_args(LZConfig(strength=100.0)))
         for k in range(6)
     ]
     alone = llm.generate(prompts, plain, use_tqdm=False)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from decodebench.infinigram import Index
+from decodebench.metrics.infinigram_index import Index
 
 MAX_SUFFIX = 512  # the longest suffix consulted: effective n is at most 513
 CHUNK = 2048  # positions per parallel work item
@@ -62,7 +62,7 @@ def default_index() -> Index:
     from transformers import AutoTokenizer
 
     from decodebench.embedded import ensure_embedded_model
-    from decodebench.infinigram import ensure_reference_index
+    from decodebench.metrics.infinigram_index import ensure_reference_index
 
     checkpoint = str(ensure_embedded_model())
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)

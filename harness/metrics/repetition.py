@@ -2,7 +2,7 @@
 
 Text is cut into pieces (words, runs of punctuation, runs of whitespace) so that "Non! Non! "
 is the unit ["Non", "!", " "] and a long rule of "=====" is one piece, then
-``decodebench.kernels.repetition`` looks for a unit repeated back to back at least 20 times
+``decodebench.metrics.loops`` looks for a unit repeated back to back at least 20 times
 (strict loop), or for drifting loops (kernels/repetition.py explains both).
 
 Numbers count as one and the same piece: a template that only counts up ("45. Now, multiply 1
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from decodebench.kernels.repetition import detect
+from decodebench.metrics.loops import detect
 
 PIECES = re.compile(r"\w+|[^\w\s]+|\s+")
 MIN_COPIES = 20

@@ -2,8 +2,8 @@ from pathlib import Path
 
 from lm_eval.tasks.aime.utils import process_results as aime_exact_match
 
+from decodebench.metrics.generation import generation_metrics
 from decodebench.taskdata import bundled_split
-from decodebench.taskmetrics import generation_metrics
 
 
 def load_mini(**kwargs):

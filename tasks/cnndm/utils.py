@@ -1,8 +1,8 @@
 from pathlib import Path
 
 from decodebench.metrics import rouge
+from decodebench.metrics.generation import generation_metrics
 from decodebench.taskdata import bundled_split
-from decodebench.taskmetrics import generation_metrics
 
 
 def load_mini(**kwargs):

@@ -3,8 +3,8 @@ import random
 import re
 from pathlib import Path
 
+from decodebench.metrics.generation import generation_metrics
 from decodebench.taskdata import load_jsonl
-from decodebench.taskmetrics import generation_metrics
 
 LETTERS = "ABCD"
 _ANSWER_IS = re.compile(r"answer is:?\s*\(?\s*([ABCD])\b", re.IGNORECASE)

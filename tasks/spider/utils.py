@@ -14,10 +14,10 @@ import tempfile
 from pathlib import Path
 
 from decodebench.metrics import spider_execution_accuracy
+from decodebench.metrics.generation import generation_metrics
 from decodebench.metrics.spider import SpiderError
 from decodebench.paths import home
 from decodebench.taskdata import load_jsonl
-from decodebench.taskmetrics import generation_metrics
 
 MINI = Path(__file__).with_name("mini")
 

@@ -1,8 +1,8 @@
 from pathlib import Path
 
 from decodebench.metrics import squad_exact_match, squad_f1, squad_normalized_accuracy
+from decodebench.metrics.generation import generation_metrics
 from decodebench.taskdata import bundled_split
-from decodebench.taskmetrics import generation_metrics
 
 
 def load_mini(**kwargs):

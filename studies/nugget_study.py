@@ -1,9 +1,9 @@
 """The nugget study: how much quality a context kept as 1/ratio of its tokens retains.
 
-``decodebench nugget-study`` runs ``lm_eval --model nugget`` at ``ratio`` (10) on squad_mini and
-cnndm_mini with the embedded model for every selector: full context, the paper's learned scorer
-(trained first with ``train-nugget`` if no selector file is given), the two training-free
-approximations (delimiter, attention), and the peers truncation and StreamingLLM; with
+``tox -e kvpress,nugget-study`` (``python studies/nugget_study.py``) runs ``lm_eval --model nugget``
+at ``ratio`` (10) on squad_mini and cnndm_mini with the embedded model for every selector: full
+context, the paper's learned scorer (trained first with ``train-nugget`` if no selector file is
+given), the two training-free approximations (delimiter, attention), and the peers truncation and StreamingLLM; with
 ``--kvpress-python`` it also runs kvpress's SnapKV and observed-attention presses at the same
 ratio in that interpreter (kvpress needs transformers<5.3, so it lives in its own environment,
 ``tox -e kvpress``). It writes a Markdown table to docs/nugget-study.md.
@@ -18,9 +18,11 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from decodebench.bench import write_doc
-from decodebench.demo import newest_results, offline_env
-from decodebench.machine import short_name
+from common import doc_parser, task_docs, write_doc
+
+from decodebench.measure.machine import short_name
+from decodebench.models.nugget import NuggetConfig
+from decodebench.runs import LmEvalRun, offline_env
 
 TASKS = {"squad_mini": "normalized_accuracy,none", "cnndm_mini": "rougeL,none"}
 SELECTORS = ["full", "learned", "delimiter", "attention", "truncation", "streaming"]
@@ -35,7 +37,7 @@ def default_selector_path(ratio: float) -> Path:
 def run_study(
     out: str | Path = "results/nugget-study",
     doc: str | Path = "docs/nugget-study.md",
-    ratio: float = 10.0,
+    ratio: float = NuggetConfig.defaults().ratio,
     limit: int | None = None,
     selector_file: str | None = None,
     kvpress_python: str | None = None,
@@ -47,53 +49,38 @@ def run_study(
     checkpoint = str(ensure_embedded_model(log=print))
     learned = Path(selector_file) if selector_file else default_selector_path(ratio)
     if not learned.is_file():
-        from decodebench.nugget_training import train
+        from decodebench.models.nugget.training import train
 
         print(f"training the nugget selector at ratio {ratio:g} -> {learned}", flush=True)
         train(checkpoint, learned, ratio=ratio)
     rows = []
     for number, selector in enumerate(SELECTORS, 1):
-        name = str(learned) if selector == "learned" else selector
-        folder = out / selector
-        command = [
-            sys.executable,
-            "-m",
-            "lm_eval",
-            "--model",
-            "nugget",
-            "--model_args",
-            f"pretrained=embedded,selector={name},ratio={ratio:g}",
-            "--tasks",
-            ",".join(TASKS),
-            "--apply_chat_template",
-            "--batch_size",
-            "1",
-            "--output_path",
-            str(folder),
-            "--log_samples",
-        ]
-        if limit:
-            command += ["--limit", str(limit)]
-        print(f"\n[{number}/{len(SELECTORS)}] {selector}: {' '.join(command[1:])}", flush=True)
-        run_started = time.time()
-        if subprocess.call(command, env=offline_env()) != 0:
+        run = LmEvalRun(
+            model="nugget",
+            model_args={
+                "pretrained": "embedded",
+                "selector": learned if selector == "learned" else selector,
+                "ratio": f"{ratio:g}",
+            },
+            tasks=list(TASKS),
+            output_path=out / selector,
+            limit=limit,
+        )
+        print(f"\n[{number}/{len(SELECTORS)}] {selector}: {run.shown()}", flush=True)
+        results = run.run()
+        if results is None:
             print(f"{selector} FAILED", file=sys.stderr)
             return 1
-        rows.append((selector, json.loads(newest_results(folder, run_started).read_text())))
+        rows.append((selector, json.loads(results.read_text())))
     peers = {}
     if kvpress_python:
-        peers_file = out / "kvpress.json"
+        items_file, peers_file = out / "kvpress-items.json", out / "kvpress.json"
+        items_file.write_text(json.dumps(kvpress_items(limit)))
         command = [
             kvpress_python,
-            "-m",
-            "decodebench.bench.kvpress_peers",
-            "--checkpoint",
-            checkpoint,
-            "--ratio",
-            str(ratio),
-            "--out",
-            str(peers_file),
-        ] + (["--limit", str(limit)] if limit else [])
+            str(Path(__file__).with_name("kvpress_peers.py")),
+            *("--checkpoint", checkpoint, "--ratio", str(ratio), "--items", str(items_file), "--out", str(peers_file)),
+        ]
         print(f"\nkvpress peers: {' '.join(command)}", flush=True)
         if subprocess.call(command, env=offline_env()) == 0:
             peers = json.loads(peers_file.read_text())
@@ -103,13 +90,36 @@ def run_study(
     return write_doc(doc, text)
 
 
+def kvpress_items(limit: int | None) -> list[dict]:
+    """Each document of the study's tasks split as ``--model nugget`` splits it (the task's own prompt)."""
+    split = NuggetConfig.defaults().split
+    items = []
+    for name in TASKS:
+        task, docs = task_docs(name, limit)
+        generation = task.config.generation_kwargs
+        for doc in docs:
+            document, _, question = task.doc_to_text(doc).rpartition(split)
+            references = doc["answers"]["text"] if "answers" in doc else [task.doc_to_target(doc)]
+            items.append(
+                {
+                    "task": name,
+                    "document": document,
+                    "question": split + question,
+                    "max_new": generation["max_gen_toks"],
+                    "stop": [s for s in generation.get("until", []) if s],
+                    "references": references,
+                }
+            )
+    return items
+
+
 def table(rows, peers: dict, ratio: float, limit, seconds: float) -> str:
     full = rows[0][1]["results"]
     info = rows[0][1]["config"]["decodebench"]
     lines = [
         f"# Nugget study: quality kept at ratio {ratio:g} on the embedded model",
         "",
-        f"Written by `decodebench nugget-study` on {datetime.now(UTC):%Y-%m-%d} ({seconds / 60:.0f} min), "
+        f"Written by `python studies/nugget_study.py` on {datetime.now(UTC):%Y-%m-%d} ({seconds / 60:.0f} min), "
         f"machine: {short_name(info['machine'])}.",
         "",
         f"- model: the embedded SmolLM2-135M-Instruct, greedy, chat template; tasks: squad_mini "
@@ -166,3 +176,18 @@ def table(rows, peers: dict, ratio: float, limit, seconds: float) -> str:
 
 def _share(value: float, reference: float) -> str:
     return f"{value / reference:.0%}" if reference else "-"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = doc_parser(__doc__, "docs/nugget-study.md")
+    parser.add_argument("--ratio", type=float, default=NuggetConfig.defaults().ratio, help="compression ratio")
+    parser.add_argument("--out", default="results/nugget-study", help="lm_eval output folder")
+    parser.add_argument("--limit", type=int, default=None, help="documents per task (default: all)")
+    parser.add_argument("--selector-file", default=None, help="a trained selector (default: train one)")
+    parser.add_argument("--kvpress-python", default=None, help="python of an environment with kvpress")
+    args = parser.parse_args(argv)
+    return run_study(args.out, args.doc, args.ratio, args.limit, args.selector_file, args.kvpress_python)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from decodebench.kernels.mtad import beam_step, warp_logits
+from decodebench.kernels.mtad import beam_step
+from decodebench.models.rows import Sampler
 
 
 @dataclass
@@ -70,7 +71,7 @@ def same_vocabulary(target_tokenizer, draft_tokenizer) -> bool:
 class ModelDrafter:
     """Drafts with a causal LM and a KV cache kept across calls."""
 
-    def __init__(self, model: torch.nn.Module, beams: int = 8):
+    def __init__(self, model: torch.nn.Module, beams: int):
         self.model = model
         self.beams = beams
         self.cache = None
@@ -120,14 +121,14 @@ class ModelDrafter:
         return Draft(paths[0], joints[0])
 
     @torch.inference_mode()
-    def sample(self, sequence: list[int], gamma: int, warp: dict, generator=None) -> Draft:
+    def sample(self, sequence: list[int], gamma: int, sampler: Sampler) -> Draft:
         """Sample ``gamma`` tokens one by one from the warped draft distributions (speculative sampling)."""
         logits = self._sync(sequence)
         tokens, probs, joint = [], [], 0.0
         device = logits.device
         for i in range(gamma):
-            logq = warp_logits(logits, **warp)
-            token = int(torch.multinomial(logq.exp(), 1, generator=generator))
+            logq = sampler.logprobs(logits)
+            token = int(torch.multinomial(logq.exp(), 1, generator=sampler.generator))
             tokens.append(token)
             probs.append(logq.exp())
             joint += float(logq[token])
@@ -181,3 +182,34 @@ class InfinigramDrafter:
             joints.append(joint)
             context.append(int(token))
         return Draft(tokens, joints)
+
+
+def build_drafter(spec: str, lm, beams: int):
+    """The drafter that ``draft=spec`` names, for the target model of ``lm``.
+
+    ``self:<k>``: the target's first k layers; ``context``: prompt lookup; ``infinigram[:<index>]``:
+    infinity-gram drafts (the reference index by default); anything else: a causal LM hub id or
+    path, which must share the target's vocabulary.
+    """
+    if spec.startswith("self:"):
+        return ModelDrafter(layer_skip_draft(lm.model, int(spec.removeprefix("self:"))), beams=beams)
+    if spec == "context":
+        return ContextDrafter(lm.eot_token_id)
+    if spec.startswith("infinigram"):
+        from decodebench.metrics.infinigram_index import Index, ensure_reference_index
+
+        location = spec.partition(":")[2]
+        return InfinigramDrafter(
+            Index(location or ensure_reference_index(lm.tokenizer, lm.pretrained_name), lm.tokenizer)
+        )
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    draft_tokenizer = AutoTokenizer.from_pretrained(spec)
+    if not same_vocabulary(lm.tokenizer, draft_tokenizer):
+        raise ValueError(
+            f"draft={spec!r} has another vocabulary than the target ({len(draft_tokenizer)} vs "
+            f"{len(lm.tokenizer)} tokens, or different ids); MTAD compares token probabilities, so the "
+            "draft must share the target's tokenizer"
+        )
+    model = AutoModelForCausalLM.from_pretrained(spec, dtype=lm.model.dtype).to(lm.device)
+    return ModelDrafter(model.eval(), beams=beams)

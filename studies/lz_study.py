@@ -1,6 +1,6 @@
 """The LZ penalty study: does it cut degenerate repetition without lowering task scores?
 
-``decodebench lz-study`` runs the real ``lm_eval`` command once per penalty setting on the
+``tox -e lz-study`` (``python studies/lz_study.py``) runs the real ``lm_eval`` command once per penalty setting on the
 embedded model, greedy, over ``math_word_mini`` (sixteen word problems with up to 1024 new
 tokens of chain of thought), and writes a Markdown table of task score, degenerate-repetition
 rate, generation length and speed (docs/lz-study.md). The settings follow the paper's
@@ -11,16 +11,17 @@ repetition penalty at 1.1/1.2/1.3, and the LZ penalty at its default 0.15.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from decodebench.bench import write_doc
-from decodebench.demo import newest_results, offline_env
-from decodebench.machine import short_name
+from common import doc_parser, write_doc
+
+from decodebench.measure.machine import short_name
+from decodebench.models.lz import LZConfig
+from decodebench.runs import LmEvalRun
 
 
 @dataclass(frozen=True)
@@ -30,9 +31,10 @@ class Setting:
     strength: float | None = None
 
     @property
-    def model_args(self) -> str:
-        args = f"penalty={self.penalty}"
-        return args if self.strength is None else f"{args},strength={self.strength}"
+    def model_args(self) -> dict[str, object]:
+        return (
+            {"penalty": self.penalty} if self.strength is None else {"penalty": self.penalty, "strength": self.strength}
+        )
 
 
 SETTINGS = [
@@ -44,11 +46,11 @@ SETTINGS = [
     Setting("repetition 1.1", "repetition", 1.1),
     Setting("repetition 1.2", "repetition", 1.2),
     Setting("repetition 1.3", "repetition", 1.3),
-    Setting("lz 0.15", "lz", 0.15),
+    Setting(f"lz {LZConfig.defaults().strength:g}", "lz"),
 ]
 TASK = "math_word_mini"
 # Engine settings for vLLM on a CPU: a small memory share, and eager mode (no ~45 s compile).
-VLLM_ARGS = "gpu_memory_utilization=0.3,max_model_len=2048,enforce_eager=True"
+VLLM_ARGS = {"gpu_memory_utilization": 0.3, "max_model_len": 2048, "enforce_eager": True}
 
 
 def run_study(
@@ -63,37 +65,24 @@ def run_study(
     rows = []
     started = time.time()
     for number, setting in enumerate(SETTINGS, 1):
-        model_args = f"backend={backend},pretrained=embedded,{setting.model_args}"
+        model_args = {"backend": backend, "pretrained": "embedded", **setting.model_args}
         if backend == "vllm":
-            model_args += f",{VLLM_ARGS}"
-        folder = out / setting.name.replace(" ", "-")
-        command = [
-            sys.executable,
-            "-m",
-            "lm_eval",
-            "--model",
-            "lz",
-            "--model_args",
-            model_args,
-            "--tasks",
-            TASK,
-            "--apply_chat_template",
-            "--batch_size",
-            batch_size,
-            "--output_path",
-            str(folder),
-            "--log_samples",
-        ]
-        if limit is not None:
-            command += ["--limit", str(limit)]
-        if max_gen_toks is not None:
-            command += ["--gen_kwargs", f"max_gen_toks={max_gen_toks}"]
-        print(f"\n[{number}/{len(SETTINGS)}] {setting.name}: {' '.join(command[1:])}", flush=True)
-        run_started = time.time()
-        if subprocess.call(command, env=offline_env()) != 0:
+            model_args.update(VLLM_ARGS)
+        run = LmEvalRun(
+            model="lz",
+            model_args=model_args,
+            tasks=[TASK],
+            output_path=out / setting.name.replace(" ", "-"),
+            batch_size=batch_size,
+            limit=limit,
+            gen_kwargs=f"max_gen_toks={max_gen_toks}" if max_gen_toks is not None else None,
+        )
+        print(f"\n[{number}/{len(SETTINGS)}] {setting.name}: {run.shown()}", flush=True)
+        results = run.run()
+        if results is None:
             print(f"{setting.name} FAILED", file=sys.stderr)
             return 1
-        rows.append((setting, newest_results(folder, run_started)))
+        rows.append((setting, results))
     text = study_table(rows, backend, limit, max_gen_toks, time.time() - started)
     return write_doc(doc, text)
 
@@ -104,7 +93,7 @@ def study_table(rows, backend: str, limit, max_gen_toks, seconds: float) -> str:
     lines = [
         "# LZ penalty study: repetition and task score on the embedded model",
         "",
-        f"Written by `decodebench lz-study --backend {backend}"
+        f"Written by `python studies/lz_study.py --backend {backend}"
         + (f" --limit {limit}" if limit else "")
         + (f" --max-gen-toks {max_gen_toks}" if max_gen_toks else "")
         + f"` on {datetime.now(UTC):%Y-%m-%d} ({seconds / 60:.0f} min).",
@@ -135,3 +124,18 @@ def study_table(rows, backend: str, limit, max_gen_toks, seconds: float) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = doc_parser(__doc__, "docs/lz-study.md")
+    parser.add_argument("--backend", default="vllm", choices=("hf", "vllm"), help="inference backend (default vllm)")
+    parser.add_argument("--out", default="results/lz-study", help="lm_eval output folder")
+    parser.add_argument("--limit", type=int, default=None, help="problems per run (default: all 16)")
+    parser.add_argument("--max-gen-toks", type=int, default=None, help="override the task's 1024 new tokens")
+    parser.add_argument("--batch-size", default="auto", help="lm_eval --batch_size (default auto)")
+    args = parser.parse_args(argv)
+    return run_study(args.out, args.doc, args.backend, args.limit, args.max_gen_toks, args.batch_size)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""Metric benchmarks (``decodebench bench metrics`` -> docs/benchmarks/metrics.md).
+"""Metric benchmarks (``tox -e metrics-bench``, ``python studies/metrics_bench.py`` -> docs/benchmarks/metrics.md).
 
 - degenerate_repetition on a 32k-token output (goal: under 50 ms);
 - spider_execution_accuracy over 1,000 predictions on the mini databases;
@@ -11,29 +11,17 @@
 from __future__ import annotations
 
 import resource
-import statistics
 import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
-
-from decodebench.bench import write_doc
-
-
-def _median_seconds(fn, repeats: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+from common import doc_parser, median_seconds, write_doc
 
 
 def _reference_tokens(tokenizer) -> np.ndarray:
-    from decodebench.infinigram import reference_corpus
+    from decodebench.metrics.infinigram_index import reference_corpus
 
     return np.concatenate(
         [np.asarray(tokenizer(doc, add_special_tokens=False).input_ids) for doc in reference_corpus()]
@@ -55,7 +43,7 @@ def repetition_rows(tokenizer, tokens: np.ndarray) -> list[tuple[str, float]]:
     looping = tokenizer.decode(np.concatenate([tokens[:24576], np.tile(tokens[:16], 512)]).tolist())
     rows = []
     for name, text in (("32k tokens of normal text", normal), ("32k tokens ending in a loop", looping)):
-        seconds = _median_seconds(lambda text=text: find_degenerate_repetition(text), 5)
+        seconds = median_seconds(lambda text=text: find_degenerate_repetition(text), 5)
         rows.append((f"degenerate_repetition, {name} ({len(text):,} characters)", seconds))
     return rows
 
@@ -63,8 +51,8 @@ def repetition_rows(tokenizer, tokens: np.ndarray) -> list[tuple[str, float]]:
 def spider_rows() -> list[tuple[str, float]]:
     import importlib.util
 
-    from decodebench.lmeval_plugin import TASKS_DIR
     from decodebench.metrics import spider_execution_accuracy
+    from decodebench.paths import TASKS_DIR
 
     spec = importlib.util.spec_from_file_location("spider_utils", TASKS_DIR / "spider" / "utils.py")
     utils = importlib.util.module_from_spec(spec)
@@ -83,8 +71,8 @@ def spider_rows() -> list[tuple[str, float]]:
 def infinigram_rows(
     tokenizer, tokens: np.ndarray, checkpoint: str, workdir: str
 ) -> tuple[list[tuple[str, float]], dict]:
-    from decodebench.infinigram import Index, build_index
     from decodebench.metrics import infinigram_agreement
+    from decodebench.metrics.infinigram_index import Index, build_index
 
     rows = []
     docs = _noisy_windows(tokens, 20_000, 500, len(tokenizer), np.random.default_rng(0))
@@ -112,7 +100,7 @@ def run(doc: str | Path = "docs/benchmarks/metrics.md") -> int:
     from transformers import AutoTokenizer
 
     from decodebench.embedded import ensure_embedded_model
-    from decodebench.machine import describe, short_name
+    from decodebench.measure.machine import describe, short_name
 
     checkpoint = str(ensure_embedded_model(log=print))
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
@@ -127,7 +115,8 @@ def run(doc: str | Path = "docs/benchmarks/metrics.md") -> int:
     lines = [
         "# Metric benchmarks",
         "",
-        f"Written by `decodebench bench metrics` on {datetime.now(UTC):%Y-%m-%d}, machine: {short_name(describe())}.",
+        f"Written by `python studies/metrics_bench.py` on {datetime.now(UTC):%Y-%m-%d}, "
+        f"machine: {short_name(describe())}.",
         "",
         "| what | seconds |",
         "|---|---:|",
@@ -140,3 +129,11 @@ def run(doc: str | Path = "docs/benchmarks/metrics.md") -> int:
         "",
     ]
     return write_doc(doc, "\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(doc_parser(__doc__, "docs/benchmarks/metrics.md").parse_args(argv).doc)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """LZ penalty benchmarks: kernel time per decode step, and end-to-end slowdown against no penalty.
 
-``decodebench bench lz`` writes docs/benchmarks/lz.md:
+``tox -e lz-bench`` (``python studies/lz_bench.py``) writes docs/benchmarks/lz.md:
 
 1. the kernel (``apply_lz_penalty_``: what a decode step runs) at batch 1, 16 and 64 with
    V = 49152 and V = 131072, window 512, buffer 32, on the CPU and on CUDA when present;
@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
@@ -22,25 +23,13 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from common import doc_parser, median_seconds, write_doc
 
-from decodebench.bench import write_doc
 from decodebench.kernels.lz import apply_lz_penalty_, lz_codelengths
+from decodebench.models.lz import LZConfig
 
-WINDOW, BUFFER = 512, 32
-
-
-def _time(fn, device: str, repeats: int) -> float:
-    """Median seconds of ``fn`` over ``repeats`` calls after a warm-up."""
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    fn()
-    sync()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+LZ = LZConfig.defaults()
+WINDOW, BUFFER = LZ.window, LZ.buffer
 
 
 def kernel_rows(device: str, repeats: int = 30) -> list[dict]:
@@ -51,9 +40,10 @@ def kernel_rows(device: str, repeats: int = 30) -> list[dict]:
             history = torch.randint(0, vocab, (batch, WINDOW + BUFFER), generator=generator).to(device)
             lengths = torch.full((batch,), WINDOW + BUFFER, device=device)
             logits = torch.randn(batch, vocab, generator=generator).to(device)
-            step = partial(apply_lz_penalty_, logits, history, lengths, 0.15, WINDOW, BUFFER)
+            step = partial(apply_lz_penalty_, logits, history, lengths, LZ.strength, WINDOW, BUFFER)
             dense = partial(lz_codelengths, history, lengths, vocab, WINDOW, BUFFER)
-            step, dense = _time(step, device, repeats), _time(dense, device, repeats)
+            sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+            step, dense = median_seconds(step, repeats, sync), median_seconds(dense, repeats, sync)
             rows.append(
                 {"device": device, "vocab": vocab, "batch": batch, "step_ms": step * 1e3, "dense_ms": dense * 1e3}
             )
@@ -62,7 +52,7 @@ def kernel_rows(device: str, repeats: int = 30) -> list[dict]:
 
 def contexts(tokenizer, batch: int, length: int) -> list[list[int]]:
     """Deterministic 1024-token contexts cut from the bundled task texts, one offset per row."""
-    from decodebench.lmeval_plugin import TASKS_DIR
+    from decodebench.paths import TASKS_DIR
 
     text = " ".join(p.read_text() for p in sorted(TASKS_DIR.glob("*/*.jsonl")))
     ids = tokenizer(text).input_ids
@@ -74,14 +64,14 @@ def contexts(tokenizer, batch: int, length: int) -> list[list[int]]:
 def hf_rows(checkpoint: Path, batch: int, context: int, new_tokens: int, rounds: int) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList
 
-    from decodebench.models.processors import LZPenaltyLogitsProcessor
+    from decodebench.models.lz.processors import LZPenaltyLogitsProcessor
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
     input_ids = torch.tensor(contexts(tokenizer, batch, context))
     settings = {
         "none": [],
-        "lz": [LZPenaltyLogitsProcessor(0.15, WINDOW, BUFFER, prompt_width=input_ids.shape[1])],
+        "lz": [LZPenaltyLogitsProcessor(LZ, prompt_width=input_ids.shape[1])],
     }
     seconds: dict[str, list[float]] = {name: [] for name in settings}
     for _ in range(rounds):
@@ -101,29 +91,34 @@ def hf_rows(checkpoint: Path, batch: int, context: int, new_tokens: int, rounds:
     return {name: batch * new_tokens / statistics.median(values) for name, values in seconds.items()}
 
 
-_VLLM_SCRIPT = """
-import json, statistics, sys, time
-if __name__ == "__main__":
+def vllm_worker(checkpoint: str, prompts: list[list[int]], new_tokens: int, rounds: int) -> dict:
+    """Tokens/s with and without the LZ penalty on one vLLM engine (run in its own process)."""
     from vllm import LLM, SamplingParams, TokensPrompt
-    from decodebench.models.vllm_processors import LZPenaltyLogitsProcessor, lz_extra_args
-    checkpoint, prompts, new_tokens, rounds = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    llm = LLM(model=checkpoint, gpu_memory_utilization=0.3, max_model_len=2048, seed=0,
-              logits_processors=[LZPenaltyLogitsProcessor])
+
+    from decodebench.models.lz.vllm_processor import LZPenaltyLogitsProcessor, lz_extra_args
+
+    llm = LLM(
+        model=checkpoint,
+        gpu_memory_utilization=0.3,
+        max_model_len=2048,
+        seed=0,
+        logits_processors=[LZPenaltyLogitsProcessor],
+    )
     inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
-    settings = {"none": None, "lz": lz_extra_args(0.15, 512, 32, False)}
-    params = {k: SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True, extra_args=v)
-              for k, v in settings.items()}
+    settings = {"none": None, "lz": lz_extra_args(LZ)}
+    params = {
+        name: SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True, extra_args=extra)
+        for name, extra in settings.items()
+    }
     llm.generate(inputs, params["none"], use_tqdm=False)  # warm-up
-    seconds = {k: [] for k in settings}
+    seconds: dict[str, list[float]] = {name: [] for name in settings}
     for _ in range(rounds):
         for name in settings:
             start = time.perf_counter()
-            outs = llm.generate(inputs, params[name], use_tqdm=False)
+            outputs = llm.generate(inputs, params[name], use_tqdm=False)
             seconds[name].append(time.perf_counter() - start)
-            assert all(len(o.outputs[0].token_ids) == new_tokens for o in outs)
-    tps = {k: len(prompts) * new_tokens / statistics.median(v) for k, v in seconds.items()}
-    print("RESULT " + json.dumps(tps))
-"""
+            assert all(len(o.outputs[0].token_ids) == new_tokens for o in outputs)
+    return {name: len(prompts) * new_tokens / statistics.median(values) for name, values in seconds.items()}
 
 
 def vllm_rows(checkpoint: Path, batch: int, context: int, new_tokens: int, rounds: int) -> dict | str:
@@ -134,11 +129,8 @@ def vllm_rows(checkpoint: Path, batch: int, context: int, new_tokens: int, round
     from transformers import AutoTokenizer
 
     prompts = contexts(AutoTokenizer.from_pretrained(checkpoint), batch, context)
-    proc = subprocess.run(
-        [sys.executable, "-c", _VLLM_SCRIPT, str(checkpoint), json.dumps(prompts), str(new_tokens), str(rounds)],
-        capture_output=True,
-        text=True,
-    )
+    worker = [sys.executable, __file__, "--vllm-worker", json.dumps([str(checkpoint), prompts, new_tokens, rounds])]
+    proc = subprocess.run(worker, capture_output=True, text=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         return f"vLLM run failed: {proc.stderr[-500:]}"
@@ -147,7 +139,7 @@ def vllm_rows(checkpoint: Path, batch: int, context: int, new_tokens: int, round
 
 def run(doc: str | Path = "docs/benchmarks/lz.md", rounds: int = 3, quick: bool = False) -> int:
     from decodebench.embedded import ensure_embedded_model
-    from decodebench.machine import describe, short_name
+    from decodebench.measure.machine import describe, short_name
 
     checkpoint = ensure_embedded_model(log=print)
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -161,7 +153,7 @@ def run(doc: str | Path = "docs/benchmarks/lz.md", rounds: int = 3, quick: bool 
     lines = [
         "# LZ penalty benchmarks",
         "",
-        f"Written by `decodebench bench lz{' --quick' if quick else ''}` on {datetime.now(UTC):%Y-%m-%d}, "
+        f"Written by `python studies/lz_bench.py{' --quick' if quick else ''}` on {datetime.now(UTC):%Y-%m-%d}, "
         f"machine: {short_name(machine)} (torch {machine['versions'].get('torch')}).",
         "",
         "## Kernel time per decode step",
@@ -179,7 +171,7 @@ def run(doc: str | Path = "docs/benchmarks/lz.md", rounds: int = 3, quick: bool 
         f"## End-to-end: LZ penalty against no penalty (batch {batch}, {context}-token contexts, "
         f"{new_tokens} new tokens, embedded model)",
         "",
-        "| backend | no penalty (tokens/s) | LZ 0.15 (tokens/s) | slowdown |",
+        f"| backend | no penalty (tokens/s) | LZ {LZ.strength:g} (tokens/s) | slowdown |",
         "|---|---:|---:|---:|",
     ]
     for name, result in (("vLLM (LZ logits processor in the engine)", vllm), ("transformers", hf)):
@@ -195,3 +187,19 @@ def run(doc: str | Path = "docs/benchmarks/lz.md", rounds: int = 3, quick: bool 
         "",
     ]
     return write_doc(doc, "\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = doc_parser(__doc__, "docs/benchmarks/lz.md")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per setting (default 3)")
+    parser.add_argument("--quick", action="store_true", help="small sizes, to check that it runs")
+    parser.add_argument("--vllm-worker", help=argparse.SUPPRESS)  # internal: the vLLM measurement's own process
+    args = parser.parse_args(argv)
+    if args.vllm_worker:
+        print("RESULT " + json.dumps(vllm_worker(*json.loads(args.vllm_worker))))
+        return 0
+    return run(args.doc, args.rounds, args.quick)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

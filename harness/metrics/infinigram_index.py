@@ -291,7 +291,7 @@ def reference_corpus() -> list[str]:
     """Python's reference documentation plus decodebench's bundled task texts."""
     import pydoc_data.topics
 
-    from decodebench.lmeval_plugin import TASKS_DIR
+    from decodebench.paths import TASKS_DIR
 
     documents = [text for _, text in sorted(pydoc_data.topics.topics.items())]
     for data in sorted(TASKS_DIR.glob("*/*.jsonl")):
@@ -308,13 +308,13 @@ def default_index_path(tokenizer) -> Path:
 
 def ensure_reference_index(tokenizer, tokenizer_name: str, log: Callable[[str], None] | None = None) -> Path:
     """The reference index for this tokenizer, built once (process-safe) under DECODEBENCH_HOME."""
-    from decodebench.embedded import _exclusive_lock
+    from filelock import FileLock
 
     path = default_index_path(tokenizer)
     if (path / META_FILE).is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(path.parent / f".{path.name}.lock"):
+    with FileLock(path.parent / f".{path.name}.lock"):
         if (path / META_FILE).is_file():
             return path
         for leftover in path.parent.glob(f".{path.name}.partial-*"):

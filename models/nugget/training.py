@@ -45,7 +45,7 @@ class NuggetScorer(torch.nn.Module):
 
 
 def _identity(model, tokenizer) -> dict:
-    from decodebench.infinigram import tokenizer_fingerprint
+    from decodebench.metrics.infinigram_index import tokenizer_fingerprint
 
     return {
         "hidden_size": model.config.hidden_size,
@@ -74,7 +74,7 @@ def load_selector(path: str | Path, model, tokenizer) -> NuggetScorer:
 
 
 def _chunks(tokenizer, length: int, count: int, seed: int) -> list[list[int]]:
-    from decodebench.infinigram import reference_corpus
+    from decodebench.metrics.infinigram_index import reference_corpus
 
     tokens = [t for doc in reference_corpus() for t in tokenizer(doc, add_special_tokens=False).input_ids]
     rng = random.Random(seed)
@@ -120,7 +120,7 @@ def straight_through_loss(
 def train(
     model_path: str,
     out: str | Path,
-    ratio: float = 10.0,
+    ratio: float | None = None,
     steps: int = 200,
     context: int = 160,
     continuation: int = 32,
@@ -132,6 +132,10 @@ def train(
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if ratio is None:
+        from decodebench.models.nugget.config import NuggetConfig
+
+        ratio = NuggetConfig.defaults().ratio
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()

@@ -16,9 +16,11 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
-from decodebench.kernels.lz import apply_lz_penalty_, check_lz_sizes, left_pad
+from decodebench.kernels.lz import apply_lz_penalty_, left_pad
+from decodebench.models.lz.config import LZConfig
 
 EXTRA_ARGS_KEY = "lz_penalty"
+SETTINGS = ("strength", "window", "buffer", "include_prompt")
 
 
 @dataclass
@@ -36,13 +38,21 @@ class _LZRequest:
         return tail
 
 
-def lz_extra_args(alpha: float, window: int, buffer: int, include_prompt: bool) -> dict:
+def lz_extra_args(config: LZConfig) -> dict:
     """What a request's ``SamplingParams.extra_args`` carries to switch the LZ penalty on."""
-    return {EXTRA_ARGS_KEY: {"alpha": alpha, "window": window, "buffer": buffer, "include_prompt": include_prompt}}
+    return {EXTRA_ARGS_KEY: {name: getattr(config, name) for name in SETTINGS}}
 
 
-def _settings(params: SamplingParams) -> dict | None:
-    return (params.extra_args or {}).get(EXTRA_ARGS_KEY)
+def _config(params: SamplingParams) -> LZConfig | None:
+    """The request's LZ settings (checked like ``--model_args``), or None when it does not ask for the penalty."""
+    settings = (params.extra_args or {}).get(EXTRA_ARGS_KEY)
+    if settings is None:
+        return None
+    unknown = set(settings) - set(SETTINGS)
+    if unknown:
+        raise ValueError(f"unknown {EXTRA_ARGS_KEY} settings {sorted(unknown)}; allowed: {list(SETTINGS)}")
+    config, _ = LZConfig.parse(settings)
+    return config
 
 
 class LZPenaltyLogitsProcessor(LogitsProcessor):
@@ -54,15 +64,7 @@ class LZPenaltyLogitsProcessor(LogitsProcessor):
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams):
-        settings = _settings(sampling_params)
-        if settings is None:
-            return
-        unknown = set(settings) - {"alpha", "window", "buffer", "include_prompt"}
-        if unknown:
-            raise ValueError(f"unknown {EXTRA_ARGS_KEY} settings {sorted(unknown)}")
-        if float(settings.get("alpha", 0.15)) < 0:
-            raise ValueError(f"the LZ penalty strength must be >= 0, got {settings['alpha']}")
-        check_lz_sizes(settings.get("window", 512), settings.get("buffer", 32))
+        _config(sampling_params)
 
     def is_argmax_invariant(self) -> bool:
         return False  # it changes greedy decoding, so vLLM must not skip it
@@ -72,14 +74,11 @@ class LZPenaltyLogitsProcessor(LogitsProcessor):
 
     @staticmethod
     def _new_request(params: SamplingParams, prompt_ids: list[int] | None, output_ids: list[int]):
-        settings = _settings(params)
-        if settings is None or float(settings.get("alpha", 0.15)) == 0:
+        config = _config(params)
+        if config is None or config.strength == 0:
             return None
-        window = int(settings.get("window", 512))
-        prompt_tail = list(prompt_ids or [])[-window:] if settings.get("include_prompt") else []
-        return _LZRequest(
-            float(settings.get("alpha", 0.15)), window, int(settings.get("buffer", 32)), prompt_tail, output_ids
-        )
+        prompt_tail = list(prompt_ids or [])[-config.window :] if config.include_prompt else []
+        return _LZRequest(config.strength, config.window, config.buffer, prompt_tail, output_ids)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if not self.requests:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from decodebench.energy import EnergyMeter
+from decodebench.measure.energy import EnergyMeter
 from decodebench.metrics.repetition import find_degenerate_repetition
 
 FINISH_REASONS = ("eos", "stop", "length")
@@ -119,10 +119,12 @@ class Recorder:
         meter: EnergyMeter,
         synchronize: Callable[[], None] | None = None,
         summarize_method_stats: Callable[[list[RequestRecord]], dict] | None = None,
+        summary_columns: Callable[[dict], dict] | None = None,
     ):
         self.meter = meter
         self._synchronize = synchronize or (lambda: None)
         self._summarize_method = summarize_method_stats or sum_numeric_stats
+        self._summary_columns = summary_columns or (lambda stats: {})
         self.windows: list[Window] = []
 
     # -- measurement --------------------------------------------------------------------
@@ -159,6 +161,7 @@ class Recorder:
         joules = None if any(w.joules is None for w in windows) else sum(w.joules for w in windows)
         finish = {reason: sum(r.finish_reason == reason for r in records) for reason in FINISH_REASONS}
         checked = [r.repetition["degenerate"] for r in records if r.repetition is not None]
+        method_stats = self._summarize_method(records)
         return {
             "requests": len(records),
             "prompt_tokens": sum(r.prompt_tokens for r in records),
@@ -173,7 +176,9 @@ class Recorder:
             "joules_per_token": joules / new_tokens if joules is not None and new_tokens else None,
             "energy_source": self.meter.source,
             "energy_unavailable_reason": self.meter.reason,
-            "method": self._summarize_method(records),
+            "method": method_stats,
+            # what a leaderboard shows of the method's statistics, chosen by the method itself
+            "method_columns": self._summary_columns(method_stats),
         }
 
     def annotate_samples(self, samples: dict[str, list[dict]], indices: dict | None = None) -> None:

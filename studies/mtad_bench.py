@@ -1,4 +1,4 @@
-"""MTAD side by side (``decodebench bench mtad`` -> docs/benchmarks/mtad.md).
+"""MTAD side by side (``tox -e mtad-bench``, ``python studies/mtad_bench.py`` -> docs/benchmarks/mtad.md).
 
 The embedded model, batch 1, up to 128 new tokens, over the bundled summarization articles
 (cnndm_mini) and chat questions (squad_mini), through ``--model mtad``'s own measured
@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
-from decodebench.bench import write_doc
+from common import doc_parser, task_docs, write_doc
 
 SETTINGS = [
     ("target-only, greedy", {"mode": "target"}, False),
@@ -32,13 +32,10 @@ SETTINGS = [
 
 
 def prompts(tokenizer, limit: int) -> list[str]:
-    from decodebench.lmeval_plugin import TASKS_DIR
-    from decodebench.taskdata import load_jsonl
-
-    articles = load_jsonl(TASKS_DIR / "cnndm" / "cnndm_mini.jsonl")[:limit]
-    questions = load_jsonl(TASKS_DIR / "squad" / "squad_mini.jsonl")[: max(1, limit // 2)]
-    texts = [f"{a['article']}\n\nPlease summarize the above document in one sentence." for a in articles]
-    texts += [q["question"] for q in questions]
+    """cnndm_mini's summarization prompts (the task's own) and squad_mini's bare questions, in the chat template."""
+    cnndm, articles = task_docs("cnndm_mini", limit)
+    _, questions = task_docs("squad_mini", max(1, limit // 2))
+    texts = [cnndm.doc_to_text(doc) for doc in articles] + [doc["question"] for doc in questions]
     return [
         tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True)
         for t in texts
@@ -46,14 +43,14 @@ def prompts(tokenizer, limit: int) -> list[str]:
 
 
 def run(doc: str | Path = "docs/benchmarks/mtad.md", limit: int = 3, new_tokens: int = 128) -> int:
-    from decodebench.machine import describe, short_name
-    from decodebench.models.mtad import MTAD
+    from decodebench.measure.machine import describe, short_name
+    from decodebench.models.mtad import MTAD, MTADConfig
 
     rows = []
     texts = None
     for name, args, sample in SETTINGS:
         print(f"{name} ...", flush=True)
-        model = MTAD.create_from_arg_obj({"pretrained": "embedded", "device": "cpu", "batch_size": 1, **args})
+        model = MTAD.create({"pretrained": "embedded", "device": "cpu", "batch_size": 1, **args})
         texts = texts or prompts(model.tokenizer, limit)
         kwargs = {"until": [], "max_gen_toks": new_tokens, "do_sample": sample}
         if sample:
@@ -70,9 +67,11 @@ def run(doc: str | Path = "docs/benchmarks/mtad.md", limit: int = 3, new_tokens:
     lines = [
         "# MTAD benchmark: side by side on the embedded model",
         "",
-        f"Written by `decodebench bench mtad` on {datetime.now(UTC):%Y-%m-%d}, machine: {short_name(describe('cpu'))}.",
+        f"Written by `python studies/mtad_bench.py` on {datetime.now(UTC):%Y-%m-%d}, "
+        f"machine: {short_name(describe('cpu'))}.",
         f"{len(texts)} prompts (cnndm_mini articles to summarize, squad_mini questions), chat template, batch 1, "
-        f"up to {new_tokens} new tokens each, gamma 4. Perplexity is the target's, on the generated tokens.",
+        f"up to {new_tokens} new tokens each, gamma {MTADConfig.defaults().gamma}. "
+        "Perplexity is the target's, on the generated tokens.",
         "",
         "| setting | tokens/s | vs target-only greedy | mean new tokens | block efficiency | acceptance rate "
         "| perplexity |",
@@ -99,3 +98,15 @@ def run(doc: str | Path = "docs/benchmarks/mtad.md", limit: int = 3, new_tokens:
         "",
     ]
     return write_doc(doc, "\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = doc_parser(__doc__, "docs/benchmarks/mtad.md")
+    parser.add_argument("--limit", type=int, default=3, help="cnndm_mini articles (and half as many questions)")
+    parser.add_argument("--new-tokens", type=int, default=128, help="new tokens per prompt at most")
+    args = parser.parse_args(argv)
+    return run(args.doc, args.limit, args.new_tokens)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

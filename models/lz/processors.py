@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 from transformers import LogitsProcessor
 
-from decodebench.kernels.lz import apply_lz_penalty_, check_lz_sizes
+from decodebench.kernels.lz import apply_lz_penalty_
+from decodebench.models.lz.config import LZConfig
 
 
 class LZPenaltyLogitsProcessor(LogitsProcessor):
@@ -22,20 +23,13 @@ class LZPenaltyLogitsProcessor(LogitsProcessor):
     come first, as if they had been generated.
 
     Args:
-        alpha: penalty strength (the paper's 0.15).
-        window: LZ window in tokens (512).
-        buffer: longest match in tokens (32).
+        config: strength (alpha), window and buffer (checked by ``LZConfig``).
         prompt_width: columns of ``input_ids`` taken by the (left-padded) prompts.
         prompt_lengths: per-row real prompt lengths [B], to include the prompt in the window.
     """
 
-    def __init__(
-        self, alpha: float, window: int, buffer: int, prompt_width: int, prompt_lengths: torch.Tensor | None = None
-    ):
-        if alpha < 0:
-            raise ValueError(f"the LZ penalty strength must be >= 0, got {alpha}")
-        check_lz_sizes(window, buffer)
-        self.alpha, self.window, self.buffer = alpha, window, buffer
+    def __init__(self, config: LZConfig, prompt_width: int, prompt_lengths: torch.Tensor | None = None):
+        self.alpha, self.window, self.buffer = config.strength, config.window, config.buffer
         self.prompt_width = prompt_width
         self.prompt_lengths = prompt_lengths
 
@@ -57,8 +51,6 @@ class FrequencyPenaltyLogitsProcessor(LogitsProcessor):
     """
 
     def __init__(self, penalty: float, prompt_width: int):
-        if penalty < 0:
-            raise ValueError(f"the frequency penalty must be >= 0, got {penalty}")
         self.penalty = penalty
         self.prompt_width = prompt_width
 

@@ -7,7 +7,7 @@ Each task's ``process_results`` adds ``generation_metrics(text)``:
   aggregated over all tokens of the task (``agreement``) and per effective n
   (``agreement_by_effective_n``; the infini-gram paper's figures 4 and 6).
 
-The reference index is the default one (built on first use, see decodebench.infinigram) unless
+The reference index is the default one (built on first use, see decodebench.metrics.infinigram_index) unless
 ``DECODEBENCH_INFINIGRAM_INDEX`` names another index folder, or ``none`` to skip the metric.
 When no index can be opened, the metric is reported as missing (null), not guessed.
 """

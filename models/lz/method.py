@@ -1,0 +1,67 @@
+"""``lm_eval --model lz``: decoding with a repetition penalty, the LZ penalty first among them.
+
+The LZ penalty (Ginart et al.) is ``logits += strength * LZSS codelength`` (kernels/lz.py) over a
+sliding window of the generated tokens (``include_prompt=true`` adds the prompt: the reference
+implementation leaves it out, since extractive tasks copy from the prompt on purpose). The
+industry-standard penalties it is compared with run through the same model, measured the same
+way, each with its backend's own implementation: transformers' ``repetition_penalty`` and vLLM's
+``repetition_penalty``/``frequency_penalty``; transformers has no frequency penalty, so the
+transformers backend uses ``FrequencyPenaltyLogitsProcessor`` (vLLM's definition).
+
+    lm_eval --model lz --tasks ...                                     # alpha 0.15, window 512, buffer 32
+    lm_eval --model lz --model_args penalty=frequency,strength=0.3 ...
+    lm_eval --model lz --model_args backend=vllm,penalty=repetition,strength=1.2 ...
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from decodebench.models.base import Method
+from decodebench.models.lz.config import LZConfig
+
+
+class LZ(Method):
+    name = "lz"
+    label = "repetition penalty: LZ penalty (Ginart et al.) or a standard one"
+    Config = LZConfig
+    backends = ("hf", "vllm")
+    config: LZConfig
+
+    # -- transformers ---------------------------------------------------------------------------
+    def hf_generate_kwargs(self, lm, input_ids, attention_mask, kwargs: dict[str, Any]) -> dict[str, Any]:
+        from decodebench.models.lz.processors import FrequencyPenaltyLogitsProcessor, LZPenaltyLogitsProcessor
+
+        config = self.config
+        processors = list(kwargs.pop("logits_processor", None) or [])
+        prompt_width = input_ids.shape[1]
+        if config.penalty == "lz":
+            prompt_lengths = attention_mask.sum(dim=1) if config.include_prompt else None
+            processors.append(LZPenaltyLogitsProcessor(config, prompt_width, prompt_lengths=prompt_lengths))
+        elif config.penalty == "frequency":
+            processors.append(FrequencyPenaltyLogitsProcessor(config.strength, prompt_width))
+        elif config.penalty == "repetition":
+            kwargs["repetition_penalty"] = config.strength
+        if processors:
+            kwargs["logits_processor"] = processors
+        return kwargs
+
+    # -- vLLM -----------------------------------------------------------------------------------
+    def vllm_logits_processors(self) -> list[type]:
+        if self.config.penalty != "lz":
+            return []
+        from decodebench.models.lz.vllm_processor import LZPenaltyLogitsProcessor
+
+        return [LZPenaltyLogitsProcessor]
+
+    def vllm_sampling_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        config = self.config
+        if config.penalty == "lz":
+            from decodebench.models.lz.vllm_processor import lz_extra_args
+
+            kwargs["extra_args"] = {**(kwargs.get("extra_args") or {}), **lz_extra_args(config)}
+        elif config.penalty == "frequency":
+            kwargs["frequency_penalty"] = config.strength
+        elif config.penalty == "repetition":
+            kwargs["repetition_penalty"] = config.strength
+        return kwargs

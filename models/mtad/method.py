@@ -1,0 +1,140 @@
+"""``lm_eval --model mtad``: multi-token assisted decoding, next to its baselines.
+
+``mode`` chooses what one iteration of a row's decoding loop does (models/mtad/modes.py): the
+paper's Algorithm 1, speculative sampling, target-only decoding, or transformers' assisted
+generation; all share the same target KV cache logic, the same stop handling and the same
+measurement. ``draft`` is ``self:<k>`` (the target's first k layers), ``context`` (prompt
+lookup, no model), ``infinigram[:<index>]`` (infinity-gram drafts), or a hub id / local path of a
+causal LM with the target's vocabulary (models/mtad/drafts.py). Rows of a batch are decoded one
+at a time, as in the paper; use ``--batch_size 1`` so that every request's latency is its own.
+Greedy unless the task samples; sampling warps both models with the paper's top-k 20 then top-p
+0.9 (appendix F) when the task sets neither.
+
+Per request: target forward passes, drafted and accepted tokens, block efficiency (new tokens per
+target pass, the paper's Table 5), an acceptance histogram, and the output's perplexity under the
+target, computed afterwards in a separate pass outside the timed window.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from typing import Any
+
+import torch
+
+from decodebench.models.mtad.config import MTADConfig
+from decodebench.models.mtad.drafts import Draft, build_drafter
+from decodebench.models.mtad.modes import MODES
+from decodebench.models.rows import RowDecodingMethod, RowStop, Sampler, choose
+
+# Counters of a request that add up over a task.
+COUNTERS = ("target_calls", "drafted_tokens", "accepted_tokens", "target_nll", "scored_tokens")
+
+
+class MTAD(RowDecodingMethod):
+    name = "mtad"
+    label = "multi-token assisted decoding (Qin et al., Algorithm 1) and its baselines"
+    Config = MTADConfig
+    config: MTADConfig
+    # Appendix F's warping when a sampling task sets no top-k/top-p of its own
+    default_top_k = 20
+    default_top_p = 0.9
+
+    def setup(self, lm) -> None:
+        self.generator = torch.Generator(device=lm.device).manual_seed(self.config.seed)  # on the sampling device
+        self.mode = MODES[self.config.mode](self.config)
+        self.drafter = build_drafter(self.config.draft, lm, self.config.beams) if self.mode.uses_drafter else None
+
+    # -- decoding ---------------------------------------------------------------------------
+    def hf_decode(self, lm, input_ids, attention_mask, *, stop, max_new_tokens, kwargs):
+        if self.mode.uses_generate:
+            return self.mode.generate(
+                lm, self.drafter, input_ids, attention_mask, stop=stop, max_new_tokens=max_new_tokens, kwargs=kwargs
+            )
+        return super().hf_decode(lm, input_ids, attention_mask, stop=stop, max_new_tokens=max_new_tokens, kwargs=kwargs)
+
+    @torch.inference_mode()
+    def decode_row(self, lm, prompt: list[int], stop: RowStop, sampler: Sampler | None):
+        from transformers import DynamicCache
+
+        gamma = self.config.gamma
+        cache = DynamicCache(config=lm.model.config)
+
+        def target(tokens: list[int]) -> torch.Tensor:
+            ids = torch.tensor([tokens], device=lm.device)
+            return lm.model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0].float()
+
+        generated = [choose(target(prompt)[-1], sampler)]
+        first_token_at = time.perf_counter()
+        calls, drafted, accepted, histogram = 1, 0, 0, Counter()
+        while not stop.finished(generated):
+            draft = self.mode.draft(self.drafter, prompt + generated, gamma, sampler) if self.drafter else Draft([], [])
+            g = len(draft.tokens)
+            logits = target([generated[-1], *draft.tokens])  # [g + 1, V]: one verification pass
+            calls += 1
+            kept, following = self.mode.accept(logits, draft, sampler) if g else (0, choose(logits[0], sampler))
+            if g - kept:
+                cache.crop(kept - g)
+            drafted += g
+            accepted += kept
+            histogram[kept] += 1
+            generated += [*draft.tokens[:kept], following]
+        new_tokens = stop.truncate(generated)
+        stats = {
+            "target_calls": calls,
+            "drafted_tokens": drafted,
+            "accepted_tokens": accepted,
+            "block_efficiency": len(new_tokens) / calls,
+            "acceptance_histogram": {str(k): v for k, v in sorted(histogram.items())},
+        }
+        return new_tokens, stats, first_token_at
+
+    # -- quality: perplexity under the target, outside the timed window -------------------
+    @torch.inference_mode()
+    def hf_score(self, lm, input_ids, attention_mask, rows: list[list[int]]) -> list[dict]:
+        scores = []
+        for row, tokens in enumerate(rows):
+            tokens = RowStop(lm, [], len(tokens)).truncate(list(tokens))
+            if not tokens:
+                scores.append({"target_nll": 0.0, "scored_tokens": 0})
+                continue
+            prompt = input_ids[row][attention_mask[row].bool()]
+            full = torch.cat([prompt, torch.tensor(tokens, device=prompt.device)])[None]
+            logits = lm.model(input_ids=full).logits[0, len(prompt) - 1 : -1].float()
+            nll = torch.nn.functional.cross_entropy(logits, full[0, len(prompt) :], reduction="sum")
+            scores.append(
+                {
+                    "target_nll": float(nll),
+                    "scored_tokens": len(tokens),
+                    "target_perplexity": math.exp(float(nll) / len(tokens)),
+                }
+            )
+        return scores
+
+    # -- results ------------------------------------------------------------------------------
+    def summarize(self, records) -> dict[str, Any]:
+        totals: dict[str, Any] = dict.fromkeys(COUNTERS, 0)
+        histogram: Counter = Counter()
+        for rec in records:
+            for key in COUNTERS:
+                totals[key] += rec.method_stats.get(key, 0)
+            histogram.update(rec.method_stats.get("acceptance_histogram", {}))
+        new_tokens = sum(rec.new_tokens for rec in records)
+        if totals["target_calls"]:
+            totals["block_efficiency"] = new_tokens / totals["target_calls"]
+        if totals["drafted_tokens"]:
+            totals["acceptance_rate"] = totals["accepted_tokens"] / totals["drafted_tokens"]
+        if totals["scored_tokens"]:
+            totals["target_perplexity"] = math.exp(totals["target_nll"] / totals["scored_tokens"])
+        totals["acceptance_histogram"] = dict(sorted(histogram.items(), key=lambda kv: int(kv[0])))
+        return totals
+
+    def summary_columns(self, stats: dict[str, Any]) -> dict[str, float | str]:
+        names = {
+            "block_efficiency": "block efficiency",
+            "acceptance_rate": "acceptance",
+            "target_perplexity": "perplexity",
+        }
+        return {label: stats[key] for key, label in names.items() if key in stats}

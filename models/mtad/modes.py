@@ -1,0 +1,122 @@
+"""The decoding modes of ``--model mtad``: one small class per acceptance rule.
+
+Each iteration of the row loop (``MTAD.decode_row``) asks its mode for a draft of up to
+``gamma`` tokens and, after one target pass over them, for how many to keep and which token to
+add from the target:
+
+- ``MTADAcceptance`` (``mode=mtad``, the paper's Algorithm 1): the longest draft prefix whose
+  joint likelihood ratio ``min(1, p/q)`` exceeds ``tau`` (kernels/mtad.py);
+- ``SpeculativeSampling`` (``mode=speculative``): per-token ``min(1, p/q)`` with residual
+  resampling when sampling, or greedy speculative decoding (keep draft tokens while they equal
+  the target's argmax) when decoding greedily;
+- ``TargetOnly`` (``mode=target``): no draft, one token per target pass (the reference for speed-ups);
+- ``AssistedGeneration`` (``mode=assisted``): transformers' own assisted generation decodes the
+  whole row (``model.generate(assistant_model=...)``, or prompt lookup for ``draft=context``).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from decodebench.kernels.mtad import mtad_accept_length, speculative_accept
+from decodebench.models.hf import DecodeOutput
+from decodebench.models.mtad.config import MTADConfig
+from decodebench.models.mtad.drafts import Draft, ModelDrafter
+from decodebench.models.rows import Sampler, choose
+
+
+class Mode:
+    name: ClassVar[str]
+    uses_drafter: ClassVar[bool] = True
+    # True when transformers' generate decodes the batch instead of decodebench's row loop
+    uses_generate: ClassVar[bool] = False
+
+    def __init__(self, config: MTADConfig):
+        self.config = config
+
+    def draft(self, drafter, sequence: list[int], gamma: int, sampler: Sampler | None) -> Draft:
+        return drafter.draft(sequence, gamma)
+
+    def accept(self, logits: torch.Tensor, draft: Draft, sampler: Sampler | None) -> tuple[int, int]:
+        """(draft tokens kept, the token that follows them) from the target's logits [g + 1, V]."""
+        raise NotImplementedError
+
+
+class TargetOnly(Mode):
+    name = "target"
+    uses_drafter = False
+
+    def accept(self, logits, draft, sampler):
+        return 0, choose(logits[0], sampler)
+
+
+class MTADAcceptance(Mode):
+    """Algorithm 1, lines 6-13: the longest prefix whose joint ratio passes ``tau``."""
+
+    name = "mtad"
+
+    def accept(self, logits, draft, sampler):
+        g = len(draft.tokens)
+        logp = sampler.logprobs(logits) if sampler else torch.log_softmax(logits, dim=-1)
+        token_logp = logp[torch.arange(g, device=logits.device), torch.tensor(draft.tokens, device=logits.device)]
+        joint_logq = torch.tensor(draft.joint_logq, device=logits.device)
+        kept = int(mtad_accept_length(token_logp[None], joint_logq[None], self.config.tau)[0])
+        return kept, choose(logits[kept], sampler)
+
+
+class SpeculativeSampling(Mode):
+    """Speculative sampling (Leviathan et al.), or greedy speculative decoding without sampling."""
+
+    name = "speculative"
+
+    def draft(self, drafter, sequence, gamma, sampler):
+        if not isinstance(drafter, ModelDrafter):
+            return drafter.draft(sequence, gamma)
+        if sampler is None:  # greedy speculative decoding drafts greedily
+            return drafter.draft(sequence, gamma, beams=1)
+        return drafter.sample(sequence, gamma, sampler)
+
+    def accept(self, logits, draft, sampler):
+        g = len(draft.tokens)
+        tokens = torch.tensor(draft.tokens, device=logits.device)
+        if sampler is None:
+            kept = int((tokens == logits[:g].argmax(-1)).int().cumprod(0).sum())
+            return kept, int(logits[kept].argmax())
+        target_probs = sampler.logprobs(logits).exp()[None]
+        n, following = speculative_accept(
+            tokens[None], draft.probs[None].to(logits.device), target_probs, generator=sampler.generator
+        )
+        return int(n[0]), int(following[0])
+
+
+class AssistedGeneration(Mode):
+    """transformers' assisted generation (a draft model) or prompt lookup (``draft=context``)."""
+
+    name = "assisted"
+    uses_generate = True
+
+    def generate(self, lm, drafter, input_ids, attention_mask, *, stop, max_new_tokens, kwargs):
+        gamma = self.config.gamma
+        if isinstance(drafter, ModelDrafter):
+            extra = {"assistant_model": drafter.model, "num_assistant_tokens": gamma}
+        else:
+            extra = {"prompt_lookup_num_tokens": gamma}
+        rows, first = [], None
+        for row in range(input_ids.shape[0]):
+            mask = attention_mask[row].bool()
+            out = lm.generate_batch(
+                input_ids[row : row + 1, mask],
+                attention_mask[row : row + 1, mask],
+                stop=stop,
+                max_new_tokens=max_new_tokens,
+                kwargs={**kwargs, **extra},
+            )
+            rows.append(out.tokens[0].tolist())
+            first = first or out.first_token_at
+        return DecodeOutput(tokens=rows, first_token_at=first, row_stats=[{} for _ in rows])
+
+
+# mode= -> class (the names are MTADConfig's choices)
+MODES = {cls.name: cls for cls in (MTADAcceptance, SpeculativeSampling, TargetOnly, AssistedGeneration)}

@@ -1,0 +1,73 @@
+"""kvpress's presses at the nugget study's ratio, scored like decodebench's tasks.
+
+Runs in its own environment (kvpress 0.5.5 needs transformers<5.3; ``tox -e kvpress``), called
+by studies/nugget_study.py with the documents it prepared from the tasks' own prompts::
+
+    python studies/kvpress_peers.py --checkpoint CKPT --ratio 10 --items items.json --out peers.json
+
+Each item holds a task name, the prompt's document (compressed by the press) and its question
+or instruction (kept uncompressed), the task's generation length and stop, and the references:
+the same split as ``--model nugget``. kvpress's text-generation pipeline applies the chat
+template and answers greedily. A press's ``compression_ratio`` is the share it drops, 1 - 1/ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def score(task: str, answer: str, references: list[str]) -> float:
+    from decodebench.metrics import rouge, squad_normalized_accuracy
+
+    if task.startswith("squad"):
+        return squad_normalized_accuracy(answer, references)
+    return rouge(answer, references[0])["rougeL"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--ratio", type=float, required=True)
+    parser.add_argument("--items", required=True, help="JSON list written by nugget_study.py")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+
+    import torch
+    from kvpress import ObservedAttentionPress, SnapKVPress, StreamingLLMPress
+    from transformers import pipeline
+
+    dropped = 1 - 1 / args.ratio
+    presses = {
+        "SnapKV": SnapKVPress(compression_ratio=dropped),
+        "observed attention": ObservedAttentionPress(compression_ratio=dropped),
+        "StreamingLLM": StreamingLLMPress(compression_ratio=dropped),
+    }
+    # observed attention needs the attention weights, which only eager attention returns
+    pipe = pipeline(
+        "kv-press-text-generation",
+        model=args.checkpoint,
+        device="cpu",
+        dtype=torch.float32,
+        model_kwargs={"attn_implementation": "eager"},
+    )
+    items = json.loads(Path(args.items).read_text())
+    results: dict[str, dict[str, float]] = {}
+    for name, press in presses.items():
+        print(f"kvpress {name} ...", flush=True)
+        scores: dict[str, list[float]] = {}
+        for item in items:
+            answer = pipe(item["document"], question=item["question"], press=press, max_new_tokens=item["max_new"])
+            text = answer["answer"]
+            for stop in item["stop"]:
+                text = text.split(stop)[0]
+            scores.setdefault(item["task"], []).append(score(item["task"], text, item["references"]))
+        results[name] = {task: sum(values) / len(values) for task, values in scores.items()}
+        print(f"   {results[name]}", flush=True)
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
