@@ -25,7 +25,7 @@ def _prepare_model(args: argparse.Namespace) -> int:
     from decodebench.embedded import EmbeddedModelError, ensure_embedded_model
 
     try:
-        path = ensure_embedded_model(log=lambda msg: print(msg, file=sys.stderr, flush=True))
+        path = ensure_embedded_model(log=lambda msg: print(msg, file=sys.stderr, flush=True), checksums=True)
     except EmbeddedModelError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -42,7 +42,13 @@ def _info(args: argparse.Namespace) -> int:
     print(f"decodebench {__version__}")
     print(f"cache folder (DECODEBENCH_HOME): {home()}")
     target = embedded.checkpoint_dir()
-    state = "ready" if embedded.is_complete(target) else "not materialized yet (decodebench prepare-model)"
+    problem = embedded.damage(target, checksums=True)
+    if problem is None:
+        state = "ready, checksums verified"
+    elif problem == "not materialized":
+        state = "not materialized yet: `decodebench prepare-model` builds it"
+    else:
+        state = f"damaged: {problem}; `decodebench prepare-model` rebuilds it"
     print(f"embedded model: {target} [{state}]")
     try:
         print(f"embedded model source: {embedded.gguf_path()}")
@@ -69,23 +75,17 @@ def _build_index(args: argparse.Namespace) -> int:
     decodebench.metrics.infinigram_agreement(index=...) accept."""
     from pathlib import Path
 
-    from transformers import AutoTokenizer
+    from decodebench.metrics.infinigram_index import InfinigramIndexError, build_index, load_tokenizer, read_corpus
 
-    from decodebench.metrics.infinigram_index import InfinigramIndexError, build_index, read_corpus
-
-    name = args.tokenizer
-    if name == "embedded":
-        from decodebench.embedded import ensure_embedded_model
-
-        name = str(ensure_embedded_model(log=lambda msg: print(msg, file=sys.stderr)))
     try:
         info = build_index(
             read_corpus(Path(args.corpus)),
             Path(args.out),
-            AutoTokenizer.from_pretrained(name),
-            name,
+            load_tokenizer(args.tokenizer),
+            args.tokenizer,
             mem_gib=args.mem,
             log=lambda msg: print(msg, file=sys.stderr),
+            corpus=args.describe or str(Path(args.corpus).resolve()),
         )
     except InfinigramIndexError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -206,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--tokenizer", default="embedded", help="hub id or local path of a tokenizer (default: the embedded model's)"
     )
     index.add_argument("--mem", type=int, default=2, help="GiB of memory the indexer may use (default 2)")
+    index.add_argument("--describe", default=None, help="what the corpus is, recorded in results (default: its path)")
 
     nugget = command(
         "train-nugget",

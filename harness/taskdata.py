@@ -1,25 +1,85 @@
-"""Loading bundled task data so that it resolves wherever ``lm_eval`` is run from.
+"""Where decodebench's tasks get their documents: the bundled real samples, or the full benchmarks
+from a local copy or from the Hugging Face hub.
 
-lm-eval resolves relative ``data_files`` against the working directory, so bundled tasks use
-``custom_dataset: !function utils.load`` and build their split from a path next to the YAML.
+- The ``*_mini`` tasks read samples bundled next to their YAML (tasks/<task>/DATA.md says what each
+  is); lm-eval resolves relative ``data_files`` against the working directory, so they use
+  ``custom_dataset: !function utils.load_mini`` and build their split from a path next to the YAML.
+- The full tasks (squad, spider, cnndm, aime, gpqa) load from the hub, or, on a machine without
+  it, from a local copy in the hub's schema, given with lm-eval's own ``--metadata``::
+
+      lm_eval --tasks squad,spider,cnndm --metadata '{"data_dir": "/data/benchmarks"}' ...
+
+  ``data_dir`` holds one file per benchmark, at the paths of ``LOCAL_FILES`` (the layout of
+  decodebench's data pack), and Spider's databases under ``spider/database/<db_id>/``.
 """
 
 from __future__ import annotations
 
+import csv
 import json
+from collections.abc import Callable
 from pathlib import Path
 
+DATA_DIR = "data_dir"  # the --metadata key
+# benchmark -> its file under data_dir, in the hub's schema (JSON lines, or CSV for GPQA)
+LOCAL_FILES = {
+    "squad": "squad/validation.jsonl",
+    "spider": "spider/validation.jsonl",
+    "cnndm": "cnndm/test.jsonl",
+    "aime": "aime/aime_1983_2024/train.jsonl",
+    "gpqa": "gpqa/gpqa_diamond.csv",
+}
+SPIDER_DATABASES = "spider/database"
 
-def load_jsonl(path: str | Path) -> list[dict]:
+
+class TaskDataError(RuntimeError):
+    """A task's documents cannot be found where the user said they are."""
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """The records of a JSON-lines or CSV file."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"bundled task data {path} is missing; reinstall decodebench")
+        raise TaskDataError(f"task data {path} is missing")
+    if path.suffix == ".csv":
+        with open(path, encoding="utf-8", newline="") as handle:
+            return list(csv.DictReader(handle))
     with open(path, encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-def bundled_split(path: str | Path, split: str = "test"):
-    """A ``DatasetDict`` with one split built from a bundled jsonl file (no cache, no hub)."""
+def split_of(records: list[dict], split: str):
+    """A ``DatasetDict`` with one split (no cache, no hub).
+
+    Every decodebench task reports infini-gram agreement, so its reference index is opened here,
+    when the task loads its documents: a damaged index stops the run before any generation.
+    """
     from datasets import Dataset, DatasetDict
 
-    return DatasetDict({split: Dataset.from_list(load_jsonl(path))})
+    from decodebench.metrics.generation import open_reference
+
+    open_reference()
+    return DatasetDict({split: Dataset.from_list(records)})
+
+
+def bundled_split(path: str | Path, split: str = "test"):
+    """A bundled sample as a one-split ``DatasetDict``."""
+    return split_of(read_records(path), split)
+
+
+def local_path(benchmark: str, data_dir: str | Path) -> Path:
+    path = Path(data_dir).expanduser() / LOCAL_FILES[benchmark]
+    if not path.is_file():
+        layout = "; ".join(f"{name}: {file}" for name, file in LOCAL_FILES.items())
+        raise TaskDataError(
+            f"--metadata data_dir={data_dir}: {path} does not exist. A local copy holds, in the hub's schema: "
+            f"{layout} (and Spider's databases under {SPIDER_DATABASES}/<db_id>/)"
+        )
+    return path
+
+
+def benchmark_records(benchmark: str, data_dir: str | Path | None, hub: Callable[[], object]) -> list[dict]:
+    """The benchmark's records: from ``data_dir`` when given, else ``hub()`` (a ``datasets`` split)."""
+    if data_dir:
+        return read_records(local_path(benchmark, data_dir))
+    return list(hub())

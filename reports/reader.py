@@ -17,14 +17,14 @@ from typing import Any
 PRIMARY_METRICS = {
     "squad": "normalized_accuracy",
     "spider": "execution_accuracy",
-    "cnndm": "rougeL",
+    "cnndm": "rougeLsum",
     "aime": "exact_match",
     "gpqa": "exact_match",
     "math_word": "exact_match",
     "facts": "normalized_accuracy",
 }
 # Metrics that are not single numbers (a breakdown) are left out of tables.
-SKIPPED_METRICS = {"infinigram_agreement_by_n"}
+SKIPPED_METRICS = {"infinigram_agreement_by_n", "infinigram_reference"}
 
 
 @dataclass

@@ -41,7 +41,7 @@ def task_docs(task_name: str, limit: int | None = None) -> tuple[object, list[di
     so that studies use the task's own prompts (``task.doc_to_text(doc)``) instead of copies."""
     from lm_eval.tasks import TaskManager
 
-    task = TaskManager().load_task_or_group([task_name])[task_name]
+    task = TaskManager().load([task_name])["tasks"][task_name]
     docs = list(task.eval_docs)
     return task, docs[:limit] if limit else docs
 

@@ -1,8 +1,8 @@
 """The LZ penalty study: does it cut degenerate repetition without lowering task scores?
 
 ``tox -e lz-study`` (``python studies/lz_study.py``) runs the real ``lm_eval`` command once per penalty setting on the
-embedded model, greedy, over ``math_word_mini`` (sixteen word problems with up to 1024 new
-tokens of chain of thought), and writes a Markdown table of task score, degenerate-repetition
+embedded model, greedy, over ``aime_mini`` (the 60 real AIME 2024 and 2025 problems, with up
+to 1024 new tokens of chain of thought), and writes a Markdown table of task score, degenerate-repetition
 rate, generation length and speed (docs/lz-study.md). The settings follow the paper's
 comparison (section 4 and its appendix sweeps): no penalty, a frequency-penalty sweep, the
 repetition penalty at 1.1/1.2/1.3, and the LZ penalty at its default 0.15.
@@ -48,7 +48,7 @@ SETTINGS = [
     Setting("repetition 1.3", "repetition", 1.3),
     Setting(f"lz {LZConfig.defaults().strength:g}", "lz"),
 ]
-TASK = "math_word_mini"
+TASK = "aime_mini"
 # Engine settings for vLLM on a CPU: a small memory share, and eager mode (no ~45 s compile).
 VLLM_ARGS = {"gpu_memory_utilization": 0.3, "max_model_len": 2048, "enforce_eager": True}
 
@@ -99,8 +99,8 @@ def study_table(rows, backend: str, limit, max_gen_toks, seconds: float) -> str:
         + f"` on {datetime.now(UTC):%Y-%m-%d} ({seconds / 60:.0f} min).",
         "",
         f"- model: the embedded SmolLM2-135M-Instruct (`{info['pretrained']}`), greedy decoding, chat template",
-        f"- task: `{TASK}`, {first['n-samples'][TASK]['effective']} written word problems, up to "
-        f"{max_gen_toks or 1024} new tokens; score = exact match of the last number",
+        f"- task: `{TASK}`, {first['n-samples'][TASK]['effective']} AIME 2024/2025 problems, up to "
+        f"{max_gen_toks or 1024} new tokens; score = lm-eval's AIME exact match",
         "- degenerate = one unit repeated back to back at least 20 times, or a drifting chain of such loops "
         "(decodebench.metrics.degenerate_repetition)",
         f"- backend: {backend}; machine: {short_name(info['machine'])}",
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = doc_parser(__doc__, "docs/lz-study.md")
     parser.add_argument("--backend", default="vllm", choices=("hf", "vllm"), help="inference backend (default vllm)")
     parser.add_argument("--out", default="results/lz-study", help="lm_eval output folder")
-    parser.add_argument("--limit", type=int, default=None, help="problems per run (default: all 16)")
+    parser.add_argument("--limit", type=int, default=None, help="problems per run (default: all)")
     parser.add_argument("--max-gen-toks", type=int, default=None, help="override the task's 1024 new tokens")
     parser.add_argument("--batch-size", default="auto", help="lm_eval --batch_size (default auto)")
     args = parser.parse_args(argv)

@@ -78,7 +78,7 @@ def infinigram_rows(
     docs = _noisy_windows(tokens, 20_000, 500, len(tokenizer), np.random.default_rng(0))
     path = Path(workdir) / "bench-10M"
     start = time.perf_counter()
-    build_index(docs, path, tokenizer, checkpoint, log=print)
+    build_index(docs, path, tokenizer, "embedded", log=print, corpus="noisy windows of the reference corpus")
     rows.append(("building the 10M-token index (one core)", time.perf_counter() - start))
     index = Index(path, tokenizer)
     scored = [

@@ -46,13 +46,13 @@ from pathlib import Path
 from decodebench import embedded
 
 def materialize(source, out):
-    (out / "model.safetensors").write_bytes(b"half")
+    (out / "model.safetensors").write_bytes(b"weights" * 1000)
     time.sleep(float(sys.argv[2]))
-    (out / embedded.COMPLETE_MARKER).write_text("{}")
+    embedded.write_marker(out)
 
 embedded._materialize = materialize
 embedded.gguf_path = lambda: Path(sys.argv[1])
-print(embedded.ensure_embedded_model(Path(sys.argv[1]).parent / "home"))
+print(embedded.ensure_embedded_model(Path(sys.argv[1]).parent / "home", checksums="--checksums" in sys.argv))
 """
 
 
@@ -77,6 +77,28 @@ def test_interrupted_materialization_leaves_nothing_that_loads_half_made(tmp_pat
     assert second.returncode == 0, explain(second)
     assert Path(second.stdout.strip()) == target and embedded.is_complete(target)
     assert not list(target.parent.glob(f".{target.name}.partial-*")), "leftovers must be cleaned up"
+
+
+def test_a_damaged_checkpoint_is_named_by_info_and_rebuilt(tmp_path):
+    source = tmp_path / "model.gguf"
+    built = run_command([sys.executable, "-c", SLOW_MATERIALIZE, str(source), "0"], cwd=tmp_path)
+    assert built.returncode == 0, explain(built)
+    target = embedded.checkpoint_dir(tmp_path / "home")
+    weights = target / "model.safetensors"
+    with open(weights, "r+b") as handle:  # truncated, as a full disk or a killed copy leaves it
+        handle.truncate(weights.stat().st_size // 2)
+    assert embedded.damage(target) == "model.safetensors has 3500 bytes, 7000 when it was written"
+    info = run_command([console_script("decodebench"), "info"], cwd=tmp_path, DECODEBENCH_HOME=str(tmp_path / "home"))
+    assert (
+        "damaged: model.safetensors has 3500 bytes" in info.stdout
+        and "`decodebench prepare-model` rebuilds it" in info.stdout
+    )
+    weights.write_bytes(b"altered" * 1000)  # same size, other bytes: only the checksum tells
+    assert embedded.damage(target) is None and "sha256 differs" in embedded.damage(target, checksums=True)
+    # what `decodebench prepare-model` does: verify the checksums, and rebuild
+    rebuilt = run_command([sys.executable, "-c", SLOW_MATERIALIZE, str(source), "0", "--checksums"], cwd=tmp_path)
+    assert rebuilt.returncode == 0, explain(rebuilt)
+    assert embedded.damage(target, checksums=True) is None and weights.read_bytes() == b"weights" * 1000
 
 
 def test_missing_wheel_says_how_to_install_it(monkeypatch):

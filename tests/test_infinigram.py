@@ -105,20 +105,24 @@ def test_text_is_tokenized_with_the_index_tokenizer(small_index, tokenizer):
     assert infinigram_agreement(text, index).tokens == len(tokenizer(text, add_special_tokens=False).input_ids)
 
 
+def damaged_copy(index, tmp_path, name):
+    copy = tmp_path / name
+    shutil.copytree(index.info.path, copy)
+    return copy
+
+
 def test_missing_corrupt_small_and_foreign_indexes_are_refused(small_index, tokenizer, tmp_path):
     index, _ = small_index
     with pytest.raises(InfinigramIndexError, match="does not exist"):
         check_index(tmp_path / "nowhere")
-    broken = tmp_path / "broken"
-    shutil.copytree(index.info.path, broken)
+    broken = damaged_copy(index, tmp_path, "broken")
     (broken / "table.0").write_bytes((broken / "table.0").read_bytes()[:-3])
-    with pytest.raises(InfinigramIndexError, match="corrupt"):
+    with pytest.raises(InfinigramIndexError, match=r"damaged: table\.0 has .* bytes, .* when the index was built"):
         check_index(broken)
     (broken / "table.0").unlink()
-    with pytest.raises(InfinigramIndexError, match=r"table\.0 is missing"):
+    with pytest.raises(InfinigramIndexError, match=r"table\.0 missing"):
         check_index(broken)
-    foreign = tmp_path / "foreign"
-    shutil.copytree(index.info.path, foreign)
+    foreign = damaged_copy(index, tmp_path, "foreign")
     meta = json.loads((foreign / "decodebench-index.json").read_text())
     (foreign / "decodebench-index.json").write_text(json.dumps({**meta, "tokenizer_fingerprint": "0" * 16}))
     with pytest.raises(InfinigramIndexError, match="built with another tokenizer"):
@@ -126,3 +130,83 @@ def test_missing_corrupt_small_and_foreign_indexes_are_refused(small_index, toke
     with pytest.raises(InfinigramIndexError, match="too small to index"):
         build_index(["a tiny corpus"], tmp_path / "tiny", tokenizer, "embedded", log=lambda msg: None)
     assert not (tmp_path / "tiny").exists()
+
+
+def test_a_truncated_shard_is_refused_even_without_recorded_sizes(small_index, tmp_path):
+    """Half of tokenized.0 left: sizes no longer fit the suffix array (infini-gram would crash later)."""
+    index, _ = small_index
+    for recorded in (True, False):
+        broken = damaged_copy(index, tmp_path, f"half-{recorded}")
+        if not recorded:  # an index built elsewhere, with a hand-written metadata file
+            meta = json.loads((broken / "decodebench-index.json").read_text())
+            del meta["files"]
+            (broken / "decodebench-index.json").write_text(json.dumps(meta))
+        data = (broken / "tokenized.0").read_bytes()
+        (broken / "tokenized.0").write_bytes(data[: len(data) // 2])
+        with pytest.raises(InfinigramIndexError, match="damaged"):
+            check_index(broken)
+
+
+def test_foreign_files_beside_valid_metadata_are_refused(small_index, tmp_path):
+    """infini-gram's engine reads every file whose name contains `tokenized`, `table`, ... ."""
+    index, _ = small_index
+    for name in ("tokenized.0.bak", "table.1", "old-offset.0"):
+        polluted = damaged_copy(index, tmp_path, name)
+        (polluted / name).write_bytes(b"\xff" * 64)
+        with pytest.raises(InfinigramIndexError, match=f"holds {name}, which is not one of the index's files"):
+            check_index(polluted)
+    altered = damaged_copy(index, tmp_path, "altered")
+    data = bytearray((altered / "tokenized.0").read_bytes())
+    data[-1] ^= 1  # same size, another token: only the recorded checksum tells
+    (altered / "tokenized.0").write_bytes(bytes(data))
+    with pytest.raises(InfinigramIndexError, match="sha256 differs"):
+        check_index(altered)
+    info = check_index(index.info.path)
+    assert info.checksum and info.checksum_verified and info.describe()["tokens"] == info.tokens
+
+
+def test_the_reference_index_holds_no_gold_answer_of_a_bundled_sample(embedded_checkpoint):
+    """No gold answer of squad_mini, spider_mini, cnndm_mini, aime_mini or gpqa_mini is in the default
+    reference index as an n-gram of 8 or more tokens (so none of 8 tokens, the shortest such n-gram)."""
+    import importlib.util
+
+    from decodebench.metrics.infinigram import default_index
+    from decodebench.paths import TASKS_DIR
+
+    def utils(folder):
+        spec = importlib.util.spec_from_file_location(f"utils_{folder}", TASKS_DIR / folder / "utils.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    answers = [a for doc in utils("squad").load_mini()["validation"] for a in doc["answers"]["text"]]
+    answers += [doc["query"] for doc in utils("spider").load_mini()["validation"]]
+    answers += [doc["highlights"] for doc in utils("cnndm").load_mini()["test"]]
+    answers += [doc["Answer"] for doc in utils("aime").load_mini()["test"]]
+    answers += [doc["choices"]["ABCD".index(doc["answer"])] for doc in utils("gpqa").load_mini()["train"]]
+    index = default_index()
+    assert "Python" in index.info.corpus
+    found = []
+    for answer in answers:
+        ids = index.encode(answer)
+        found += [answer[:80] for start in range(len(ids) - 7) if index.count(ids[start : start + 8])]
+    assert len(answers) > 900 and found == [], found[:5]
+
+
+def test_every_result_records_the_index_that_produced_agreement(small_index, monkeypatch):
+    from decodebench.metrics import generation
+
+    index, _ = small_index
+    monkeypatch.setenv(generation.INDEX_ENV, str(index.info.path))
+    generation.reset_reference()
+    try:
+        scores = generation.generation_metrics("one two three")
+        described = scores["infinigram_reference"]
+        assert described["path"] == str(index.info.path) and described["checksum"] == index.info.checksum
+        assert generation.reference_of([described]) == described
+        monkeypatch.setenv(generation.INDEX_ENV, "none")
+        generation.reset_reference()
+        off = generation.generation_metrics("one two three")
+        assert off["infinigram_agreement"] is None and "switched off" in off["infinigram_reference"]["unavailable"]
+    finally:
+        generation.reset_reference()

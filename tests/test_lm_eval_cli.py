@@ -8,6 +8,8 @@ from conftest import console_script, explain, read_results, read_samples, result
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 LIMIT = "6"
+# Short answers keep the runs short; the task is a real sample (squad_mini).
+SHORT = ("--gen_kwargs", "max_gen_toks=12")
 
 
 @pytest.fixture(scope="module")
@@ -19,9 +21,10 @@ def baseline_run(embedded_checkpoint, tmp_path_factory):
         "--model",
         "baseline",
         "--tasks",
-        "facts_mini",
+        "squad_mini",
         "--limit",
         LIMIT,
+        *SHORT,
         "--output_path",
         str(out),
         "--log_samples",
@@ -34,10 +37,10 @@ def baseline_run(embedded_checkpoint, tmp_path_factory):
 def test_results_carry_quality_speed_and_energy_per_task(baseline_run):
     out, _ = baseline_run
     results = read_results(out)
-    assert set(results["results"]["facts_mini"]) >= {"normalized_accuracy,none", "exact_match,none"}
+    assert set(results["results"]["squad_mini"]) >= {"normalized_accuracy,none", "exact_match,none", "f1,none"}
     info = results["config"]["decodebench"]
     assert info["method"] == "baseline" and info["backend"] == "hf" and info["embedded_model"] is True
-    stats = info["tasks"]["facts_mini"]
+    stats = info["tasks"]["squad_mini"]
     assert stats["requests"] == int(LIMIT)
     assert stats["new_tokens"] > 0 and stats["tokens_per_second"] > 0 and stats["generate_seconds"] > 0
     assert sum(stats["finish_reasons"].values()) == int(LIMIT)
@@ -53,7 +56,7 @@ def test_samples_carry_per_request_measurements(baseline_run, embedded_checkpoin
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_checkpoint)
     out, _ = baseline_run
-    samples = read_samples(out, "facts_mini")
+    samples = read_samples(out, "squad_mini")
     assert len(samples) == int(LIMIT)
     for sample in samples:
         (record,) = sample["decodebench"]
@@ -73,17 +76,18 @@ def test_plain_hf_model_still_works_and_matches_the_baseline(baseline_run, embed
         "--model_args",
         f"pretrained={embedded_checkpoint}",
         "--tasks",
-        "facts_mini",
+        "squad_mini",
         "--limit",
         LIMIT,
+        *SHORT,
         "--output_path",
         str(out_hf),
         "--log_samples",
         cwd=tmp_path,
     )
     assert proc.returncode == 0, explain(proc)
-    ours = {s["doc_id"]: s["resps"] for s in read_samples(baseline_run[0], "facts_mini")}
-    theirs = {s["doc_id"]: s["resps"] for s in read_samples(out_hf, "facts_mini")}
+    ours = {s["doc_id"]: s["resps"] for s in read_samples(baseline_run[0], "squad_mini")}
+    theirs = {s["doc_id"]: s["resps"] for s in read_samples(out_hf, "squad_mini")}
     assert ours == theirs, "the measured baseline must generate exactly what lm-eval's HFLM does"
 
 
@@ -95,7 +99,7 @@ def test_unknown_model_argument_fails_clearly_and_writes_no_results(tmp_path):
         "--model_args",
         "pretrained=embedded,windw=3",
         "--tasks",
-        "facts_mini",
+        "squad_mini",
         "--limit",
         "1",
         "--output_path",
@@ -111,11 +115,11 @@ def test_unknown_model_argument_fails_clearly_and_writes_no_results(tmp_path):
 def test_main_job_runs_lm_eval_and_says_where_results_are(embedded_checkpoint, tmp_path):
     out = tmp_path / "results"
     # CI runs the whole main job through README line 1; here one run on the smoke task suffices
-    command = ["demo", "--out", str(out), "--limit", "2", "--methods", "baseline", "--tasks", "facts_mini"]
+    command = ["demo", "--out", str(out), "--limit", "2", "--methods", "baseline", "--tasks", "squad_mini"]
     proc = run_command([console_script("decodebench"), *command], cwd=tmp_path)
     assert proc.returncode == 0, explain(proc)
     (results,) = results_files(out / "baseline")
     assert str(results) in proc.stdout
-    assert "| baseline | facts_mini |" in proc.stdout
+    assert "| baseline | squad_mini |" in proc.stdout
     assert (out / "leaderboard" / "leaderboard.html").is_file()
     assert f"leaderboard: {out / 'leaderboard' / 'leaderboard.html'}" in proc.stdout

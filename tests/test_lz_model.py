@@ -93,7 +93,7 @@ def test_lm_eval_runs_a_penalty_and_records_its_arguments(tiny_checkpoint, tmp_p
     out = tmp_path / "out"
     proc = run_lm_eval(
         *("--model", "lz", "--model_args", f"pretrained={tiny_checkpoint},penalty=frequency,strength=0.5"),
-        *("--tasks", "facts_mini", "--limit", "2", "--output_path", str(out)),
+        *("--tasks", "squad_mini", "--gen_kwargs", "max_gen_toks=12", "--limit", "2", "--output_path", str(out)),
         cwd=tmp_path,
     )
     assert proc.returncode == 0, explain(proc)
@@ -105,4 +105,4 @@ def test_lm_eval_runs_a_penalty_and_records_its_arguments(tiny_checkpoint, tmp_p
         "buffer": 32,
         "include_prompt": False,
     }
-    assert info["tasks"]["facts_mini"]["requests"] == 2
+    assert info["tasks"]["squad_mini"]["requests"] == 2

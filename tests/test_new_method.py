@@ -68,14 +68,24 @@ def test_a_new_method_in_one_module_runs_through_lm_eval(toy_distribution, tiny_
     out = tmp_path / "out"
     proc = run_lm_eval(
         *("--model", "endafter", "--model_args", f"pretrained={tiny_checkpoint},tokens=2"),
-        *("--tasks", "facts_mini", "--limit", "3", "--output_path", str(out), "--log_samples"),
+        *(
+            "--tasks",
+            "squad_mini",
+            "--gen_kwargs",
+            "max_gen_toks=12",
+            "--limit",
+            "3",
+            "--output_path",
+            str(out),
+            "--log_samples",
+        ),
         cwd=tmp_path,
         **env,
     )
     assert proc.returncode == 0, explain(proc)
     info = read_results(out)["config"]["decodebench"]
     assert info["method"] == "endafter" and info["method_args"] == {"tokens": 2}
-    records = [record for sample in read_samples(out, "facts_mini") for record in sample["decodebench"]]
+    records = [record for sample in read_samples(out, "squad_mini") for record in sample["decodebench"]]
     assert len(records) == 3
     assert all(r["new_tokens"] <= 3 for r in records), json.dumps(records)  # 2 tokens, then EOS
     assert any(r["finish_reason"] == "eos" for r in records)

@@ -73,11 +73,11 @@ class TestNuggetModel:
     def prompts(cls, tiny_checkpoint):
         from decodebench.models.baseline import Baseline
         from decodebench.paths import TASKS_DIR
-        from decodebench.taskdata import load_jsonl
+        from decodebench.taskdata import read_records
 
         cls.checkpoint = str(tiny_checkpoint)
         base = Baseline.create({"pretrained": cls.checkpoint, "device": "cpu"})
-        rows = load_jsonl(TASKS_DIR / "squad" / "squad_mini.jsonl")[:2]
+        rows = read_records(TASKS_DIR / "squad" / "squad_mini.jsonl")[:2]
         texts = [
             f"{r['context']}\n\nBased on the provided document, answer the following question:\n{r['question']}"
             for r in rows

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -84,7 +88,112 @@ def test_sql_is_taken_out_of_fences_and_prose():
     )
     assert extract_sql("SELECT a FROM t\nThis returns all rows") == "SELECT a FROM t"
     assert extract_sql("WITH x AS (SELECT 1) SELECT * FROM x") == "WITH x AS (SELECT 1) SELECT * FROM x"
+    assert extract_sql("Here is the query with a count: SELECT count(*) FROM t") == "SELECT count(*) FROM t"
     assert extract_sql("no sql here") == ""
+
+
+def test_the_first_statement_is_the_prediction_and_text_that_does_not_start_with_sql_has_none():
+    # a mistyped keyword is not prose: the official scorer runs it, fails, and scores 0
+    assert extract_sql("SELEC name FROM a INTERSECT SELECT name FROM b") == ""
+    # a leading DELETE is the first statement: not a query, so it scores 0 (below), never the SELECT after it
+    assert extract_sql("DELETE FROM singer; SELECT count(*) FROM singer") == "DELETE FROM singer"
+    assert extract_sql("SELECT 1; SELECT 2") == "SELECT 1"
+    assert extract_sql("SELECT a FROM t -- the names; all of them\nWHERE b = 1") == (
+        "SELECT a FROM t -- the names; all of them\nWHERE b = 1"
+    )
+    assert extract_sql("SELECT name,\n       RESULT,\n       x\nFROM battle") == (
+        "SELECT name,\n       RESULT,\n       x\nFROM battle"
+    )
+
+
+def test_ctes_with_blank_lines_and_several_fences():
+    cte = "WITH a AS (\n  SELECT 1 AS x\n),\n\nb AS (\n  SELECT 2 AS x\n)\n\nSELECT * FROM a UNION SELECT * FROM b"
+    assert extract_sql(cte) == cte
+    assert extract_sql(f"```sql\n{cte}\n```") == cte
+    assert extract_sql("SELECT 1\n\nSELECT 2") == "SELECT 1"  # a second query after a blank line is not kept
+    fences = (
+        "First the table:\n```\nname | age\n```\nThen the query:\n```sql\nSELECT age FROM t\n```\n```sql\nSELECT 2\n```"
+    )
+    assert extract_sql(fences) == "SELECT age FROM t"
+
+
+def test_values_compare_as_the_official_scorer_does(db):
+    assert score("SELECT count(*) + 0.0 FROM products", "SELECT count(*) FROM products", db) == 1.0  # 5 == 5.0
+    gold = "SELECT name FROM products WHERE price  >=  90"
+    assert score("SELECT name FROM products WHERE price > = 90", gold, db) == 1.0  # spaced operators, closed up
+    assert score("DELETE FROM products; SELECT count(*) FROM products", "SELECT count(*) FROM products", db) == 0.0
+
+
+# Each case must cost at most 2 s and 256 MB beyond a trivial prediction, and score 0.
+BOUNDED = {
+    "a 1 GB zeroblob": "SELECT zeroblob(1e9)",
+    "a 900 MB randomblob": "SELECT length(randomblob(9e8))",
+    "a 1 MB select list": "SELECT " + ", ".join(["price"] * 150_000) + " FROM products",
+    "10,000 nested parentheses": "SELECT " + "(" * 10_000 + "1" + ")" * 10_000,
+    "a 100 MB string from a recursive query": "WITH RECURSIVE r(s) AS (SELECT 'x' UNION ALL SELECT s || s FROM r "
+    "WHERE length(s) < 1e8) SELECT max(length(s)) FROM r",
+    "a million-row cross join": "SELECT a.n, b.n FROM numbers a, numbers b",
+}
+MEASURE = """
+import resource, sys, time
+from decodebench.metrics import spider_execution_accuracy
+prediction = open(sys.argv[1]).read()
+start = time.monotonic()
+score = spider_execution_accuracy(prediction, "SELECT count(*) FROM products", sys.argv[2], timeout_s=1.5)
+print(score, time.monotonic() - start, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def _measure(prediction: str, db, tmp_path) -> tuple[float, float, float]:
+    file = tmp_path / "prediction.txt"
+    file.write_text(prediction)
+    proc = subprocess.run([sys.executable, "-c", MEASURE, str(file), str(db)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    value, seconds, max_rss_kib = proc.stdout.split()
+    return float(value), float(seconds), int(max_rss_kib) / 1024
+
+
+@pytest.mark.parametrize("case", list(BOUNDED))
+def test_every_prediction_is_bounded_in_time_and_memory_and_scores_zero(case, db, tmp_path):
+    _, _, base_mb = _measure("SELECT 1", db, tmp_path)
+    value, seconds, peak_mb = _measure(BOUNDED[case], db, tmp_path)
+    assert value == 0.0
+    assert seconds <= 2.0, f"{case}: {seconds:.1f} s"
+    assert peak_mb - base_mb <= 256, f"{case}: {peak_mb - base_mb:.0f} MB more than a trivial prediction"
+
+
+def test_any_text_scores_zero_or_one_and_never_raises(db):
+    for text in [
+        "",
+        ";",
+        "```",
+        "```sql\n```",
+        "SELECT",
+        "SELECT '",
+        "WITH",
+        "(" * 50_000,
+        "\x00SELECT 1",
+        "SELECT 1;" * 10**5,
+    ]:
+        assert score(text, "SELECT count(*) FROM products", db) in (0.0, 1.0)
+
+
+OFFICIAL = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def test_execution_accuracy_agrees_with_the_official_verdicts_on_every_fixture_prediction():
+    """The test-suite evaluation's verdicts on 5,812 predictions over 400 real dev questions."""
+    verdicts = OFFICIAL / "official" / "spider_exec_official.jsonl"
+    if not verdicts.is_file():
+        pytest.skip(f"the official verdicts are not at {verdicts}")
+    rows = [json.loads(line) for line in verdicts.read_text().splitlines()]
+    disagreements = []
+    for row in rows:
+        database = OFFICIAL / "spider" / "database" / row["db_id"] / f"{row['db_id']}.sqlite"
+        if spider_execution_accuracy(row["prediction"], row["gold"], database) != row["official_exec_match"]:
+            disagreements.append((row["kind"], row["official_exec_match"], row["prediction"]))
+    assert len(rows) == 5812
+    assert disagreements == [], f"{len(disagreements)} disagreements: {disagreements[:10]}"
 
 
 @pytest.mark.parametrize(

@@ -61,7 +61,7 @@ def test_task_manager_finds_our_tasks_next_to_builtins_and_user_paths(tmp_path):
         "from lm_eval.tasks import TaskManager\n"
         f"tm = TaskManager(include_path={str(tmp_path)!r})\n"
         "names = set(tm.all_tasks)\n"
-        "print('facts_mini' in names, 'user_only_task' in names, 'hellaswag' in names)\n"
+        "print('squad_mini' in names, 'user_only_task' in names, 'hellaswag' in names)\n"
         "only = TaskManager(include_path=None, include_defaults=False)\n"
         "print(len(only.all_tasks))\n"
     )

@@ -1,14 +1,23 @@
-"""Task YAMLs and their scoring glue: known cases, real-task configs on local files, bad data."""
+"""Tasks: scoring glue on known cases, the bundled real samples, and the full benchmarks from a local copy."""
 
 from __future__ import annotations
 
+import csv
 import importlib.util
-import sqlite3
+import json
+import os
+from pathlib import Path
 
 import pytest
 
 from decodebench.metrics import SpiderError, rouge
+from decodebench.metrics.rouge import sentences_per_line
 from decodebench.paths import TASKS_DIR
+from decodebench.taskdata import TaskDataError
+
+PACK = Path(os.environ.get("DECODEBENCH_DATA_PACK", Path(__file__).resolve().parents[2] / "shared" / "data"))
+GPQA_COLUMNS = ["Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3"]
+WRONG = {"Incorrect Answer 1": "no", "Incorrect Answer 2": "maybe", "Incorrect Answer 3": "never"}
 
 
 def task_utils(folder: str):
@@ -25,17 +34,46 @@ def no_infinigram(monkeypatch):
     monkeypatch.setenv("DECODEBENCH_INFINIGRAM_INDEX", "none")
     from decodebench.metrics import generation
 
-    generation._index.cache_clear()
+    generation.reset_reference()
     yield
-    generation._index.cache_clear()
+    generation.reset_reference()
 
 
 @pytest.fixture(scope="module")
-def task_manager():
-    """lm-eval's task index (our folder included by the start-up hook), built once: it reads ~15k YAMLs."""
+def local_copy(tmp_path_factory):
+    """A local copy of the five benchmarks in the hub's schemas, laid out as --metadata data_dir
+    expects: the real data pack's files, Spider without the one database the pack lacks, and a
+    GPQA CSV of invented questions in GPQA's columns (GPQA's own must never be written out)."""
+    if not PACK.is_dir():
+        pytest.skip(f"the real data pack is not at {PACK} (set DECODEBENCH_DATA_PACK)")
+    root = tmp_path_factory.mktemp("benchmarks")
+    for name in ("squad", "cnndm", "aime"):
+        (root / name).symlink_to(PACK / name)
+    (root / "spider").mkdir()
+    (root / "spider" / "database").symlink_to(PACK / "spider" / "database")
+    rows = [json.loads(line) for line in (PACK / "spider" / "validation.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if (PACK / "spider" / "database" / r["db_id"] / f"{r['db_id']}.sqlite").is_file()]
+    (root / "spider" / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "gpqa").mkdir()
+    with open(root / "gpqa" / "gpqa_diamond.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=GPQA_COLUMNS)
+        writer.writeheader()
+        for i in range(3):
+            writer.writerow({"Question": f"Invented question {i}?", "Correct Answer": "yes", **WRONG})
+    return root
+
+
+@pytest.fixture(scope="module")
+def task_manager(local_copy):
+    """lm-eval's task index (our folder included by the start-up hook) with --metadata data_dir set,
+    built once: it reads ~15k YAMLs."""
     from lm_eval.tasks import TaskManager
 
-    return TaskManager()
+    return TaskManager(metadata={"data_dir": str(local_copy)})
+
+
+def load_task(manager, name):
+    return manager.load([name])["tasks"][name]
 
 
 def test_squad_glue_scores_a_known_case():
@@ -45,19 +83,20 @@ def test_squad_glue_scores_a_known_case():
     assert scores["normalized_accuracy"] == 1.0 and scores["exact_match"] == 0.0
     assert scores["f1"] == pytest.approx(2 * (2 / 6) * 1 / (2 / 6 + 1))
     assert scores["degenerate_repetition"] == 0.0 and scores["infinigram_agreement"] is None
-    rows = utils.load_mini()["validation"]
-    assert len(rows) == 16 and set(rows[0]) >= {"id", "title", "context", "question", "answers"}
 
 
-def test_cnndm_glue_uses_rouge_against_the_highlights():
+def test_cnndm_glue_reports_rouge_lsum_with_one_sentence_per_line():
     utils = task_utils("cnndm")
-    doc = {"highlights": "The bridge has reopened.\nIt cost 2.3 million pounds."}
-    scores = utils.process_results(doc, ["The bridge has reopened after repairs."])
-    assert scores["rouge1"] == pytest.approx(
-        rouge("The bridge has reopened after repairs.", doc["highlights"])["rouge1"]
+    highlights = "The bridge has reopened .\nIt cost 2.3 million pounds ."
+    scores = utils.process_results({"highlights": highlights}, ["It cost millions. The bridge has reopened."])
+    assert set(scores) >= {"rouge1", "rouge2", "rougeL", "rougeLsum"}
+    # summary-level LCS matches each reference sentence in any order; sentence-agnostic LCS cannot
+    assert scores["rougeLsum"] > scores["rougeL"]
+    assert rouge("the cat sat", "the cat sat") == {"rouge1": 1.0, "rouge2": 1.0, "rougeL": 1.0, "rougeLsum": 1.0}
+    assert (
+        sentences_per_line("One fell. Two rose! Three?\nFour 2.5 times.")
+        == "One fell.\nTwo rose!\nThree?\nFour 2.5 times."
     )
-    assert rouge("the cat sat", "the cat sat") == {"rouge1": 1.0, "rouge2": 1.0, "rougeL": 1.0}
-    assert rouge("dogs bark", "the cat sat")["rouge1"] == 0.0
 
 
 def test_aime_glue_keeps_lm_evals_exact_match():
@@ -65,20 +104,13 @@ def test_aime_glue_keeps_lm_evals_exact_match():
     doc = {"Answer": "40"}
     assert utils.process_results(doc, ["so the answer is $\\boxed{40}$"])["exact_match"] == 1
     assert utils.process_results(doc, ["so the answer is $\\boxed{41}$"])["exact_match"] == 0
-    assert len(utils.load_mini()["test"]) == 8
 
 
 def test_gpqa_shuffles_reproducibly_and_extracts_the_letter():
     utils = task_utils("gpqa")
-    record = {
-        "Question": "Q?",
-        "Correct Answer": "right",
-        "Incorrect Answer 1": "w1",
-        "Incorrect Answer 2": "w2",
-        "Incorrect Answer 3": "w3",
-    }
+    record = {"Question": "Q?", "Correct Answer": "right", **WRONG}
     doc = utils.shuffled(record)
-    assert doc == utils.shuffled(record) and sorted(doc["choices"]) == ["right", "w1", "w2", "w3"]
+    assert doc == utils.shuffled(record) and sorted(doc["choices"]) == ["maybe", "never", "no", "right"]
     assert doc["choices"]["ABCD".index(doc["answer"])] == "right"
     assert utils.extract_letter("(A) is tempting, but the answer is (C).") == "C"
     assert utils.extract_letter("I think (B) fits best.") == "B"
@@ -98,65 +130,92 @@ def test_gpqa_gated_access_says_how_to_log_in(monkeypatch):
 
     monkeypatch.setattr(datasets, "load_dataset", gated)
     with pytest.raises(RuntimeError, match="hf auth login"):
-        task_utils("gpqa").load_gpqa()
+        task_utils("gpqa").load()
 
 
-def test_spider_mini_databases_build_and_every_gold_query_runs(tmp_path, monkeypatch):
-    monkeypatch.setenv("DECODEBENCH_HOME", str(tmp_path))
+def test_the_bundled_samples_have_their_sizes_and_schemas():
+    squad = task_utils("squad").load_mini()["validation"]
+    assert len(squad) >= 500 and set(squad[0]) == {"id", "title", "context", "question", "answers"}
+    cnndm = task_utils("cnndm").load_mini()["test"]
+    assert len(cnndm) >= 100 and set(cnndm[0]) == {"article", "highlights", "id"}
+    assert any(c.isupper() for c in cnndm[0]["article"]), "cnndm_mini is in original casing"
+    aime = task_utils("aime").load_mini()["test"]
+    assert len(aime) == 60 and len({row["ID"] for row in aime}) == 60
+    assert all(row["Answer"].isdigit() for row in aime)
+
+
+def test_spider_mini_runs_every_gold_query_on_its_real_databases():
     utils = task_utils("spider")
     rows = utils.load_mini()["validation"]
-    assert len(rows) == 20
+    assert len(rows) >= 200
     for row in rows:
         (path,) = row["db_paths"]
-        assert path.startswith(str(tmp_path)) and "CREATE TABLE" in row["schema"]
-        assert sqlite3.connect(path).execute(row["query"]).fetchall(), row["query"]
-        scores = utils.process_results(row, [row["query"]])
-        assert scores["execution_accuracy"] == 1.0
+        assert path.startswith(str(TASKS_DIR)) and "CREATE TABLE" in row["schema"]
+        assert utils.process_results(row, [row["query"]])["execution_accuracy"] == 1.0, row["query"]
     assert utils.process_results(rows[0], ["SELECT 1"])["execution_accuracy"] == 0.0
 
 
-def test_real_spider_needs_its_databases_and_says_where_to_get_them(tmp_path):
+def test_the_bundled_samples_are_records_of_the_real_benchmarks():
+    """Every bundled record is, unchanged, a record of the data pack (nothing is written by us)."""
+    if not PACK.is_dir():
+        pytest.skip(f"the real data pack is not at {PACK}")
+
+    def records(path):
+        return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+    def keyed(rows):
+        return {json.dumps(r, sort_keys=True) for r in rows}
+
+    for sample, source in [
+        (TASKS_DIR / "squad" / "squad_mini.jsonl", PACK / "squad" / "validation.jsonl"),
+        (TASKS_DIR / "spider" / "spider_mini.jsonl", PACK / "spider" / "validation.jsonl"),
+        (TASKS_DIR / "cnndm" / "cnndm_mini.jsonl", PACK / "cnndm" / "test_cased_frank.jsonl"),
+    ]:
+        assert keyed(records(sample)) <= keyed(records(source)), sample
+    assert (TASKS_DIR / "aime" / "aime_2024.jsonl").read_bytes() == (
+        PACK / "aime" / "aime24" / "train.jsonl"
+    ).read_bytes()
+    assert (TASKS_DIR / "aime" / "aime_2025.jsonl").read_bytes() == (
+        PACK / "aime" / "aime25" / "test.jsonl"
+    ).read_bytes()
+    for db in (TASKS_DIR / "spider" / "database").glob("*/*.sqlite"):
+        assert db.read_bytes() == (PACK / "spider" / "database" / db.parent.name / db.name).read_bytes(), db
+
+
+def test_every_mini_task_says_what_it_is_and_where_it_comes_from():
+    for folder in ("squad", "spider", "cnndm", "aime"):
+        note = (TASKS_DIR / folder / "DATA.md").read_text()
+        assert "License" in note or "Licenses" in note or "Terms" in note
+        yaml = (TASKS_DIR / folder / f"{folder}_mini.yaml").read_text()
+        assert "sample:" in yaml and "not the benchmark" in yaml
+
+
+def test_real_spider_needs_its_databases_and_says_where_to_put_them(tmp_path):
     utils = task_utils("spider")
-    with pytest.raises(SpiderError, match="spider_db_dir"):
-        utils.load_spider()
+    with pytest.raises(SpiderError, match="data_dir"):
+        utils.load()
     with pytest.raises(SpiderError, match="missing: expected"):
         utils._with_databases([{"db_id": "concert_singer", "question": "?", "query": "SELECT 1"}], tmp_path)
 
 
-def test_math_word_mini_takes_the_last_number():
-    utils = task_utils("math_word_mini")
-    assert utils.final_number("12 + 7 = 19 cows, 19 x 3 = 57. The answer is 57.") == "57"
-    assert utils.final_number("It is 1,200.0 liters") == "1200"
-    assert utils.final_number("no number") is None
+def test_a_data_dir_without_the_benchmark_says_what_it_must_hold(tmp_path):
+    with pytest.raises(TaskDataError, match=r"squad/validation\.jsonl does not exist.*gpqa/gpqa_diamond\.csv"):
+        task_utils("squad").load(data_dir=str(tmp_path))
 
 
 @pytest.mark.parametrize(
-    ("task", "local_data"),
-    [("squad", "squad/squad_mini.jsonl"), ("cnndm", "cnndm/cnndm_mini.jsonl"), ("aime", "aime/aime_mini.jsonl")],
+    ("task", "documents"), [("squad", 10570), ("cnndm", 4490), ("aime", 933), ("gpqa", 3), ("spider", 972)]
 )
-def test_real_task_configs_run_on_local_files_of_the_same_schema(task, local_data, task_manager):
-    """The hub-backed YAMLs, with their dataset swapped for a local file of the real schema."""
-    manager = task_manager
-    config = _load_config(manager._index[task].yaml_path)
-    split = config.get("test_split") or config.get("validation_split")
-    config.update(
-        dataset_path="json", dataset_name=None, dataset_kwargs={"data_files": {split: str(TASKS_DIR / local_data)}}
-    )
-    loaded = manager.load([config])["tasks"]
-    (instance,) = loaded.values()
-    docs = list(instance.eval_docs)
-    prompt = instance.doc_to_text(docs[0])
+def test_the_full_benchmarks_load_from_a_local_copy_through_metadata(task, documents, task_manager):
+    """`--metadata '{"data_dir": DIR}'`: the full tasks read the hub's schema from DIR, no hub needed."""
+    loaded = load_task(task_manager, task)
+    docs = list(loaded.eval_docs)
+    assert len(docs) == documents
+    prompt = loaded.doc_to_text(docs[0])
     assert prompt and "{{" not in prompt
-    target = instance.doc_to_target(docs[0])
-    scores = instance.process_results(docs[0], [str(target)])
+    scores = loaded.process_results(docs[0], [str(loaded.doc_to_target(docs[0]))])
     assert scores["degenerate_repetition"] == 0.0
-    assert {"normalized_accuracy", "rouge1", "exact_match"} & set(scores)
-
-
-def _load_config(path):
-    from lm_eval.tasks._yaml_loader import load_yaml
-
-    return load_yaml(path, resolve_func=True)
+    assert {"normalized_accuracy", "rouge1", "exact_match", "execution_accuracy"} & set(scores)
 
 
 def test_task_index_resolves_our_names_over_lm_evals(task_manager):

@@ -29,7 +29,7 @@ def test_lm_evals_own_vllm_model_still_works_on_the_cpu_build(embedded_checkpoin
         "--model_args",
         f"pretrained={embedded_checkpoint},{ENGINE_ARGS}",
         "--tasks",
-        "facts_mini",
+        "squad_mini",
         "--limit",
         "2",
         "--output_path",
@@ -63,17 +63,29 @@ def test_lz_model_runs_through_lm_eval_on_vllm_and_is_measured(embedded_checkpoi
     out = tmp_path / "out"
     proc = run_lm_eval(
         *("--model", "lz", "--model_args", f"backend=vllm,pretrained=embedded,{ENGINE_ARGS}"),
-        *("--tasks", "facts_mini", "--limit", "6", "--batch_size", "auto", "--output_path", str(out), "--log_samples"),
+        *(
+            "--tasks",
+            "squad_mini",
+            "--gen_kwargs",
+            "max_gen_toks=12",
+            "--limit",
+            "6",
+            "--batch_size",
+            "auto",
+            "--output_path",
+            str(out),
+            "--log_samples",
+        ),
         cwd=tmp_path,
         **IN_PROCESS,
     )
     assert proc.returncode == 0, explain(proc)
     info = read_results(out)["config"]["decodebench"]
     assert info["backend"] == "vllm" and info["method"] == "lz" and info["method_args"]["strength"] == 0.15
-    stats = info["tasks"]["facts_mini"]
+    stats = info["tasks"]["squad_mini"]
     assert stats["requests"] == 6 and stats["new_tokens"] > 0 and stats["tokens_per_second"] > 0
-    samples = read_samples(out, "facts_mini")
+    samples = read_samples(out, "squad_mini")
     assert all(s["decodebench"][0]["new_tokens"] >= 1 for s in samples)
     assert sum(bool(s["resps"][0][0].strip()) for s in samples) >= 5, "vLLM should answer the questions"
     # greedy answers of this small model are stable enough to score at least one question right
-    assert read_results(out)["results"]["facts_mini"]["normalized_accuracy,none"] > 0
+    assert read_results(out)["results"]["squad_mini"]["normalized_accuracy,none"] > 0

@@ -59,14 +59,10 @@ def open_index(path: str) -> Index:
 @cache
 def default_index() -> Index:
     """The reference index for the embedded model's tokenizer, built on first use."""
-    from transformers import AutoTokenizer
+    from decodebench.metrics.infinigram_index import ensure_reference_index, load_tokenizer
 
-    from decodebench.embedded import ensure_embedded_model
-    from decodebench.metrics.infinigram_index import ensure_reference_index
-
-    checkpoint = str(ensure_embedded_model())
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    return Index(ensure_reference_index(tokenizer, checkpoint), tokenizer)
+    tokenizer = load_tokenizer("embedded")
+    return Index(ensure_reference_index(tokenizer, "embedded"), tokenizer)
 
 
 def resolve_index(index: Index | str | Path | None) -> Index:

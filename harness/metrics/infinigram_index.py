@@ -9,10 +9,18 @@ those files exist. Next to the index goes ``decodebench-index.json``: the tokeni
 token width and corpus size, so that an index is never queried with another tokenizer.
 
 The default *reference index* is built on first use under ``$DECODEBENCH_HOME/indexes/`` from a
-corpus that needs no download: Python's own reference documentation (``pydoc_data.topics``,
-PSF license, ~465 KB of English, shipped with every CPython) plus decodebench's bundled task
-texts. It proves the pipeline; real agreement studies point ``index=`` at a large index, for
-example one of the public prebuilt ones.
+corpus that needs no download and holds no evaluation text: Python's own reference documentation
+(``pydoc_data.topics``, PSF license, ~465 KB of English, shipped with every CPython). Nothing of
+the bundled benchmark samples (documents, questions, answers) is in it, so agreement is never
+agreement with the gold answers (tests/test_infinigram.py checks that no gold answer of a bundled
+sample appears in it as an 8-gram). It proves the pipeline; real agreement studies point
+``DECODEBENCH_INFINIGRAM_INDEX`` at a large index, for example one of the public prebuilt ones.
+
+``check_index`` refuses a damaged index before the C++ engine reads it (a damaged one can crash
+the process): files whose names the engine would pick up but that are not the index's shards,
+shards whose sizes disagree with each other or with the sizes recorded at build time, offsets
+that do not point at document separators, and, for indexes under 1 GiB, files whose sha256 is
+not the one recorded at build time.
 """
 
 from __future__ import annotations
@@ -20,7 +28,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,12 +42,17 @@ from pathlib import Path
 
 import numpy as np
 
-from decodebench.paths import home
+from decodebench.paths import home, sha256_file
 
 META_FILE = "decodebench-index.json"
 # The indexer splits a shard into parts with a 100000-byte overlap; smaller shards fail.
 MIN_SHARD_BYTES = 100_000 + 64
 RAM_INDEX_BYTES = 2 * 2**30
+VERIFY_CHECKSUMS_BELOW = 2**30  # hash the files of indexes smaller than this on every open
+# The engine finds an index's files by these words in their names (infini-gram's engine.py).
+ENGINE_FILES = ("tokenized", "table", "offset", "metadata", "metaoff", "unigram")
+_SHARD_FILE = re.compile(rf"^({'|'.join(ENGINE_FILES)})\.(\d+)$")
+REFERENCE_CORPUS = "Python's reference documentation (pydoc_data.topics, PSF license)"
 
 
 class InfinigramIndexError(RuntimeError):
@@ -54,6 +69,21 @@ class IndexInfo:
     token_dtype: str  # "u16" or "u32"
     documents: int
     tokens: int
+    corpus: str | None = None  # what text it holds, when its builder said
+    checksum: str | None = None  # sha256 over the files' own sha256, recorded at build time
+    checksum_verified: bool = False
+
+    def describe(self) -> dict:
+        """What a result records of the index that produced its agreement."""
+        return {
+            "path": str(self.path),
+            "tokens": self.tokens,
+            "documents": self.documents,
+            "tokenizer": self.tokenizer,
+            "corpus": self.corpus,
+            "checksum": self.checksum,
+            "checksum_verified": self.checksum_verified,
+        }
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -94,6 +124,7 @@ def build_index(
     tokenizer_name: str,
     mem_gib: int = 2,
     log: Callable[[str], None] = print,
+    corpus: str | None = None,
 ) -> IndexInfo:
     """Tokenize ``documents`` (texts, or token id lists already) and build an infini-gram index at ``out``.
 
@@ -148,6 +179,7 @@ def build_index(
         if proc.returncode != 0 or not (partial / "table.0").is_file():
             raise InfinigramIndexError(f"infini-gram's indexer failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
         eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+        files = {f.name: {"bytes": f.stat().st_size, "sha256": sha256_file(f)} for f in sorted(partial.iterdir())}
         meta = {
             "tokenizer": tokenizer_name,
             "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
@@ -156,57 +188,121 @@ def build_index(
             "token_dtype": dtype_name,
             "documents": n_docs,
             "tokens": n_tokens,
+            "corpus": corpus,
+            "files": files,
         }
         (partial / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         os.rename(partial, out)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    return IndexInfo(path=out, **meta)
+    return check_index(out)
 
 
 def check_index(path: str | Path) -> IndexInfo:
-    """Validate an index folder before the C++ engine touches it (a corrupt one could crash it)."""
+    """Validate an index folder before the C++ engine touches it (a damaged one can crash it)."""
     path = Path(path)
     if not path.is_dir():
         raise InfinigramIndexError(f"infini-gram index {path} does not exist")
-    for name in ("tokenized.0", "table.0", "offset.0"):
-        if not (path / name).is_file():
-            raise InfinigramIndexError(f"{path} is not an infini-gram index: {name} is missing")
     meta_file = path / META_FILE
     if not meta_file.is_file():
         raise InfinigramIndexError(
             f"{path} has no {META_FILE}, so its tokenizer is unknown; indexes built elsewhere (e.g. the public "
             "prebuilt ones) need one: write it with 'tokenizer', 'vocab_size', 'eos_token_id' and 'token_dtype'"
         )
-    meta = json.loads(meta_file.read_text())
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InfinigramIndexError(f"{meta_file} is not readable JSON: {exc}") from exc
     width = {"u16": 2, "u32": 4}.get(meta.get("token_dtype"))
     if width is None:
         raise InfinigramIndexError(f"{meta_file}: token_dtype must be u16 or u32, got {meta.get('token_dtype')!r}")
-    for shard in sorted(path.glob("tokenized.*")):
-        suffix = shard.name.split(".", 1)[1]
-        data_size = shard.stat().st_size
-        table_size = (path / f"table.{suffix}").stat().st_size if (path / f"table.{suffix}").exists() else -1
-        offsets = (path / f"offset.{suffix}").stat().st_size if (path / f"offset.{suffix}").exists() else -1
-        n_tokens = data_size // width
-        if data_size % width or n_tokens == 0 or table_size <= 0 or table_size % n_tokens or offsets % 8:
-            raise InfinigramIndexError(
-                f"{path} is corrupt: shard {suffix} has inconsistent sizes (data {data_size}, "
-                f"table {table_size}, offsets {offsets} bytes)"
-            )
-        pointer_bytes = table_size // n_tokens
-        if not 1 <= pointer_bytes <= 8 or 2 ** (8 * pointer_bytes) < data_size:
-            raise InfinigramIndexError(
-                f"{path} is corrupt: suffix array entries of {pointer_bytes} bytes for {data_size} bytes"
-            )
-    fields = {k: meta.get(k) for k in ("tokenizer", "tokenizer_fingerprint", "vocab_size", "eos_token_id")}
+    shards = _shards(path, meta)
+    recorded = meta.get("files")
+    for suffix in shards:
+        _check_shard(path, suffix, width, recorded)
+    checksum, verified = None, False
+    if recorded:
+        checksum = hashlib.sha256(json.dumps(recorded, sort_keys=True).encode()).hexdigest()
+        if sum(f["bytes"] for f in recorded.values()) < VERIFY_CHECKSUMS_BELOW:
+            for name, expected in recorded.items():
+                if sha256_file(path / name) != expected["sha256"]:
+                    raise InfinigramIndexError(
+                        f"{path} is damaged: {name} is not the file written when the index was built (sha256 "
+                        "differs); rebuild it with `decodebench build-index`"
+                    )
+            verified = True
+    fields = {k: meta.get(k) for k in ("tokenizer", "tokenizer_fingerprint", "vocab_size", "eos_token_id", "corpus")}
     return IndexInfo(
         path=path,
         token_dtype=meta["token_dtype"],
         documents=meta.get("documents", -1),
         tokens=meta.get("tokens", -1),
+        checksum=checksum,
+        checksum_verified=verified,
         **fields,
     )
+
+
+def _shards(path: Path, meta: dict) -> list[str]:
+    """The shard numbers of an index; files the engine would read but that are not its own are refused."""
+    recorded = meta.get("files")
+    shards = set()
+    for file in path.iterdir():
+        if file.name == META_FILE or not any(word in file.name for word in ENGINE_FILES):
+            continue
+        match = _SHARD_FILE.match(file.name)
+        if match is None or (recorded is not None and file.name not in recorded):
+            raise InfinigramIndexError(
+                f"{path} holds {file.name}, which is not one of the index's files; infini-gram's engine reads every "
+                f"file whose name contains {', '.join(ENGINE_FILES)}, so remove it or move the index to a clean folder"
+            )
+        shards.add(match.group(2))
+    if recorded is not None:
+        missing = sorted(set(recorded) - {f.name for f in path.iterdir()})
+        if missing:
+            raise InfinigramIndexError(f"{path} is damaged: {', '.join(missing)} missing")
+    if not shards:
+        raise InfinigramIndexError(f"{path} is not an infini-gram index: no tokenized.0, table.0, offset.0")
+    return sorted(shards, key=int)
+
+
+def _check_shard(path: Path, suffix: str, width: int, recorded: dict | None) -> None:
+    names = {kind: path / f"{kind}.{suffix}" for kind in ("tokenized", "table", "offset")}
+    for file in names.values():
+        if not file.is_file():
+            raise InfinigramIndexError(f"{path} is not an infini-gram index: {file.name} is missing")
+        if recorded is not None and file.stat().st_size != recorded[file.name]["bytes"]:
+            raise InfinigramIndexError(
+                f"{path} is damaged: {file.name} has {file.stat().st_size} bytes, {recorded[file.name]['bytes']} "
+                "when the index was built (truncated or replaced); rebuild it with `decodebench build-index`"
+            )
+    data_size, table_size = names["tokenized"].stat().st_size, names["table"].stat().st_size
+    offsets_size = names["offset"].stat().st_size
+    n_tokens = data_size // width
+    # infini-gram's indexer: suffix-array entries of ceil(log2(data bytes) / 8) bytes, one per token
+    pointer_bytes = math.ceil(math.log2(data_size) / 8) if data_size > 1 else 1
+    if data_size % width or n_tokens == 0 or table_size != n_tokens * pointer_bytes or offsets_size % 8:
+        raise InfinigramIndexError(
+            f"{path} is damaged: shard {suffix} has inconsistent sizes (data {data_size}, suffix array "
+            f"{table_size}, offsets {offsets_size} bytes; a suffix array of {n_tokens} tokens x {pointer_bytes} "
+            "bytes was expected)"
+        )
+    offsets = np.fromfile(names["offset"], dtype=np.uint64)
+    if (
+        len(offsets) == 0
+        or offsets[0] != 0
+        or np.any(np.diff(offsets.astype(np.int64)) <= 0)
+        or offsets[-1] >= data_size
+    ):
+        raise InfinigramIndexError(
+            f"{path} is damaged: the document offsets of shard {suffix} are not increasing within the data"
+        )
+    data = np.memmap(names["tokenized"], dtype=np.uint8, mode="r")
+    sample = offsets if len(offsets) <= 100_000 else offsets[np.linspace(0, len(offsets) - 1, 100_000).astype(int)]
+    starts = data[(sample[:, None].astype(np.int64) + np.arange(width)).ravel()]
+    if not np.all(starts == 0xFF):
+        raise InfinigramIndexError(f"{path} is damaged: document offsets of shard {suffix} do not point at separators")
 
 
 class Index:
@@ -215,7 +311,7 @@ class Index:
     def __init__(self, path: str | Path, tokenizer=None):
         self.info = check_index(path)
         if tokenizer is None:
-            tokenizer = _load_tokenizer(self.info.tokenizer)
+            tokenizer = load_tokenizer(self.info.tokenizer)
         fingerprint = tokenizer_fingerprint(tokenizer)
         if self.info.tokenizer_fingerprint and fingerprint != self.info.tokenizer_fingerprint:
             raise InfinigramIndexError(
@@ -281,29 +377,27 @@ class Index:
 
 
 @cache
-def _load_tokenizer(name: str):
+def load_tokenizer(name: str):
+    """The tokenizer an index was built with: a hub id, a path, or ``embedded`` (the embedded model's)."""
     from transformers import AutoTokenizer
 
+    if name == "embedded":
+        from decodebench.embedded import ensure_embedded_model
+
+        name = str(ensure_embedded_model())
     return AutoTokenizer.from_pretrained(name)
 
 
 def reference_corpus() -> list[str]:
-    """Python's reference documentation plus decodebench's bundled task texts."""
+    """Python's reference documentation: English prose that shares no text with the benchmarks."""
     import pydoc_data.topics
 
-    from decodebench.paths import TASKS_DIR
-
-    documents = [text for _, text in sorted(pydoc_data.topics.topics.items())]
-    for data in sorted(TASKS_DIR.glob("*/*.jsonl")):
-        for line in data.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                record = json.loads(line)
-                documents.append(" ".join(str(v) for v in record.values() if isinstance(v, str)))
-    return documents
+    return [text for _, text in sorted(pydoc_data.topics.topics.items())]
 
 
 def default_index_path(tokenizer) -> Path:
-    return home() / "indexes" / f"reference-{tokenizer_fingerprint(tokenizer)}"
+    # "v2": the reference no longer holds the bundled task texts, so older reference indexes are not reused
+    return home() / "indexes" / f"reference-v2-{tokenizer_fingerprint(tokenizer)}"
 
 
 def ensure_reference_index(tokenizer, tokenizer_name: str, log: Callable[[str], None] | None = None) -> Path:
@@ -321,5 +415,7 @@ def ensure_reference_index(tokenizer, tokenizer_name: str, log: Callable[[str], 
             shutil.rmtree(leftover, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(path)  # a folder without its metadata file is a leftover
-        build_index(reference_corpus(), path, tokenizer, tokenizer_name, log=log or (lambda msg: None))
+        build_index(
+            reference_corpus(), path, tokenizer, tokenizer_name, log=log or (lambda msg: None), corpus=REFERENCE_CORPUS
+        )
     return path

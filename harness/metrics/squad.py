@@ -6,8 +6,13 @@ whitespace; EM and bag-of-tokens F1, each the max over the gold answers).
 ``squad_normalized_accuracy`` is the metric of the nugget paper (Qin et al., section 6.1 and
 appendix E): both texts are normalized by the paper's rules (English number words to digits,
 punctuation to spaces, strip, lower-case) and a generation is correct when it *contains* a
-gold answer, which credits correct answers wrapped in a sentence. We also collapse runs of
-whitespace, which only undoes the double spaces that "punctuation to spaces" creates.
+gold answer, which credits correct answers wrapped in a sentence. Containment is of whole
+words: the normalized answer must appear as a run of whole words of the normalized generation,
+so "Roger Goodell" does not contain the answer "L" and "1,300,000" does not contain "three" (3).
+The paper says "contains" without saying how; matching inside words credits wrong answers
+(10 of 2,000 real wrong answers on SQuAD dev), which no reader of "contains" intends. We also
+collapse runs of whitespace, which only undoes the double spaces that "punctuation to spaces"
+creates.
 """
 
 from __future__ import annotations
@@ -125,6 +130,6 @@ def nugget_normalize(text: str) -> str:
 
 
 def squad_normalized_accuracy(prediction: str, answers: str | Iterable[str]) -> float:
-    """1.0 when the normalized prediction contains a normalized, non-empty gold answer."""
-    pred = nugget_normalize(prediction)
-    return float(any((gold := nugget_normalize(answer)) and gold in pred for answer in _answers(answers)))
+    """1.0 when the normalized prediction contains a normalized, non-empty gold answer as whole words."""
+    pred = f" {nugget_normalize(prediction)} "
+    return float(any((gold := nugget_normalize(answer)) and f" {gold} " in pred for answer in _answers(answers)))

@@ -3,11 +3,33 @@ from pathlib import Path
 from lm_eval.tasks.aime.utils import process_results as aime_exact_match
 
 from decodebench.metrics.generation import generation_metrics
-from decodebench.taskdata import bundled_split
+from decodebench.taskdata import benchmark_records, read_records, split_of
+
+HERE = Path(__file__).parent
+
+
+def load(data_dir=None, **kwargs):
+    """AIME 1983-2024: from --metadata data_dir (aime/aime_1983_2024/train.jsonl), else the hub."""
+
+    def hub():
+        from datasets import load_dataset
+
+        return load_dataset("gneubig/aime-1983-2024", split="train")
+
+    return split_of(benchmark_records("aime", data_dir, hub), "train")
 
 
 def load_mini(**kwargs):
-    return bundled_split(Path(__file__).with_name("aime_mini.jsonl"))
+    """AIME 2024 and 2025, each in its own hub schema, read into the aime task's fields."""
+    problems = [
+        {"ID": r["ID"], "Question": r["Problem"], "Answer": str(r["Answer"])}
+        for r in read_records(HERE / "aime_2024.jsonl")
+    ]
+    problems += [
+        {"ID": f"2025-{r['id']}", "Question": r["problem"], "Answer": str(r["answer"])}
+        for r in read_records(HERE / "aime_2025.jsonl")
+    ]
+    return split_of(problems, "test")
 
 
 def process_results(doc, results):

@@ -2,7 +2,18 @@ from pathlib import Path
 
 from decodebench.metrics import rouge
 from decodebench.metrics.generation import generation_metrics
-from decodebench.taskdata import bundled_split
+from decodebench.taskdata import benchmark_records, bundled_split, split_of
+
+
+def load(data_dir=None, **kwargs):
+    """CNN/DailyMail 3.0.0 test: from --metadata data_dir (cnndm/test.jsonl), else the hub."""
+
+    def hub():
+        from datasets import load_dataset
+
+        return load_dataset("abisee/cnn_dailymail", "3.0.0", split="test")
+
+    return split_of(benchmark_records("cnndm", data_dir, hub), "test")
 
 
 def load_mini(**kwargs):

@@ -4,7 +4,7 @@ import re
 from pathlib import Path
 
 from decodebench.metrics.generation import generation_metrics
-from decodebench.taskdata import load_jsonl
+from decodebench.taskdata import benchmark_records, read_records, split_of
 
 LETTERS = "ABCD"
 _ANSWER_IS = re.compile(r"answer is:?\s*\(?\s*([ABCD])\b", re.IGNORECASE)
@@ -31,29 +31,31 @@ def shuffled(record: dict) -> dict:
 
 
 def _dataset(records):
-    from datasets import Dataset, DatasetDict
-
-    return DatasetDict({"train": Dataset.from_list([shuffled(r) for r in records])})
+    return split_of([shuffled(r) for r in records], "train")
 
 
 def load_mini(**kwargs):
-    return _dataset(load_jsonl(Path(__file__).with_name("gpqa_mini.jsonl")))
+    return _dataset(read_records(Path(__file__).with_name("gpqa_mini.jsonl")))
 
 
-def load_gpqa(**kwargs):
-    from datasets import load_dataset
+def load(data_dir=None, **kwargs):
+    """GPQA diamond: from --metadata data_dir (gpqa/gpqa_diamond.csv, the hub's CSV), else the gated hub."""
 
-    try:
-        records = load_dataset("Idavidrein/gpqa", "gpqa_diamond", split="train")
-    except Exception as exc:
-        message = str(exc).lower()
-        if any(word in message for word in ("gated", "401", "403", "authenticat", "access")):
-            raise RuntimeError(
-                "GPQA is a gated dataset: accept its terms on https://huggingface.co/datasets/Idavidrein/gpqa, "
-                f"then log in with `hf auth login` or set HF_TOKEN ({exc})"
-            ) from exc
-        raise
-    return _dataset(records)
+    def hub():
+        from datasets import load_dataset
+
+        try:
+            return load_dataset("Idavidrein/gpqa", "gpqa_diamond", split="train")
+        except Exception as exc:
+            message = str(exc).lower()
+            if any(word in message for word in ("gated", "401", "403", "authenticat", "access")):
+                raise RuntimeError(
+                    "GPQA is a gated dataset: accept its terms on https://huggingface.co/datasets/Idavidrein/gpqa, "
+                    f"then log in with `hf auth login` or set HF_TOKEN ({exc})"
+                ) from exc
+            raise
+
+    return _dataset(benchmark_records("gpqa", data_dir, hub))
 
 
 def extract_letter(text: str) -> str | None:

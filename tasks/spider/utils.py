@@ -1,25 +1,22 @@
 """Spider tasks: schema-in-prompt text-to-SQL scored by execution accuracy.
 
-``spider`` loads Spider's dev split from the Hugging Face hub; its sqlite databases are not on
-the hub, so it needs ``--metadata '{"spider_db_dir": "/path/to/spider/database"}'`` (the
-``database/`` folder of spider.zip from https://yale-lily.github.io/spider). Where a database
-folder holds several ``.sqlite`` files (the test-suite distribution), a prediction must match on
-all of them. ``spider_mini`` builds its two databases from the SQL scripts in ``mini/``.
+``spider`` evaluates Spider dev. Its sqlite databases are not on the hub: they come from a local
+copy, ``--metadata '{"data_dir": DIR}'`` with ``DIR/spider/database/<db_id>/<db_id>.sqlite`` (the
+``database/`` folder of spider.zip from https://yale-lily.github.io/spider), and the questions from
+``DIR/spider/validation.jsonl`` when it is there, else from the hub. Where a database folder holds
+several ``.sqlite`` files (the test-suite distribution), a prediction must match on all of them.
+``spider_mini`` reads its sample and the real databases it needs from this folder.
 """
 
-import hashlib
-import os
 import sqlite3
-import tempfile
 from pathlib import Path
 
 from decodebench.metrics import spider_execution_accuracy
 from decodebench.metrics.generation import generation_metrics
 from decodebench.metrics.spider import SpiderError
-from decodebench.paths import home
-from decodebench.taskdata import load_jsonl
+from decodebench.taskdata import LOCAL_FILES, SPIDER_DATABASES, benchmark_records, read_records, split_of
 
-MINI = Path(__file__).with_name("mini")
+HERE = Path(__file__).parent
 
 
 def schema(db_path: str) -> str:
@@ -41,8 +38,6 @@ def database_files(db_dir: Path, db_id: str) -> list[str]:
 
 
 def _with_databases(records, db_dir: Path):
-    from datasets import Dataset, DatasetDict
-
     rows = []
     for record in records:
         files = database_files(db_dir, record["db_id"])
@@ -55,48 +50,29 @@ def _with_databases(records, db_dir: Path):
                 "schema": schema(files[0]),
             }
         )
-    return DatasetDict({"validation": Dataset.from_list(rows)})
-
-
-def build_mini_databases() -> Path:
-    """Build the mini databases once from their SQL scripts (rebuilt if a script changes)."""
-    scripts = sorted(MINI.glob("*.sql"))
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in scripts)).hexdigest()[:12]
-    root = home() / "spider_mini" / digest
-    for script in scripts:
-        target = root / script.stem / f"{script.stem}.sqlite"
-        if target.is_file():
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, partial = tempfile.mkstemp(prefix=f".{script.stem}.", suffix=".partial", dir=target.parent)
-        os.close(fd)
-        try:
-            conn = sqlite3.connect(partial)
-            conn.executescript(script.read_text())
-            conn.commit()
-            conn.close()
-            os.replace(partial, target)
-        finally:
-            if os.path.exists(partial):
-                os.unlink(partial)
-    return root
+    return split_of(rows, "validation")
 
 
 def load_mini(**kwargs):
-    return _with_databases(load_jsonl(MINI / "spider_mini.jsonl"), build_mini_databases())
+    return _with_databases(read_records(HERE / "spider_mini.jsonl"), HERE / "database")
 
 
-def load_spider(spider_db_dir=None, **kwargs):
-    if not spider_db_dir:
+def load(data_dir=None, **kwargs):
+    if not data_dir or not (Path(data_dir).expanduser() / SPIDER_DATABASES).is_dir():
         raise SpiderError(
             "the spider task needs Spider's databases, which are not on the Hugging Face hub: download spider.zip "
-            "from https://yale-lily.github.io/spider and pass --metadata "
-            '\'{"spider_db_dir": "/path/to/spider/database"}\''
+            f"from https://yale-lily.github.io/spider and pass --metadata '{{\"data_dir\": DIR}}' with its database "
+            f"folder at DIR/{SPIDER_DATABASES} (and, without the hub, the questions at DIR/{LOCAL_FILES['spider']})"
         )
-    from datasets import load_dataset
 
-    dev = load_dataset("xlangai/spider", split="validation")
-    return _with_databases(dev, Path(spider_db_dir))
+    def hub():
+        from datasets import load_dataset
+
+        return load_dataset("xlangai/spider", split="validation")
+
+    local = (Path(data_dir).expanduser() / LOCAL_FILES["spider"]).is_file()
+    records = benchmark_records("spider", data_dir if local else None, hub)
+    return _with_databases(records, Path(data_dir).expanduser() / SPIDER_DATABASES)
 
 
 def process_results(doc, results):
