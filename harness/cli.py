@@ -3,6 +3,7 @@
 decodebench prepare-model          materialize the embedded model once and print its path
 decodebench demo                   the main job: every method on the mini tasks, then a report
 decodebench report RESULTS...      leaderboards from lm_eval outputs
+decodebench compare --model M ...  a method against the baseline in interleaved rounds
 decodebench methods                the methods of `lm_eval --model` and their arguments
 decodebench build-index CORPUS     an infini-gram index with a model's tokenizer
 decodebench train-nugget           train the nugget selector
@@ -132,6 +133,26 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    """Runs the baseline and a method through the real `lm_eval` in interleaved rounds (A B A B ...) on the same
+    model, tasks and settings, and reports per task the speed ratio's median and range over rounds, and quality from
+    the same generations with its paired difference, interval and p-value. Use it for any speed claim on a shared
+    or noisy machine."""
+    from decodebench.compare import run_compare
+
+    return run_compare(
+        args.model,
+        args.model_args,
+        args.baseline_args,
+        args.tasks,
+        args.out,
+        args.rounds,
+        args.limit,
+        args.batch_size,
+        args.gen_kwargs,
+    )
+
+
 def _methods(args: argparse.Namespace) -> int:
     """Every registered method (decodebench's own and those of installed packages), its backends, and the
     --model_args it takes."""
@@ -229,6 +250,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("results", nargs="+", help="lm_eval --output_path folders or results_*.json files")
     report.add_argument("--out", default="leaderboard", help="output folder (default: leaderboard)")
+
+    compare = command(
+        "compare", _compare, "a method against the baseline in interleaved rounds: speed ratio and quality"
+    )
+    compare.add_argument("--model", required=True, help="the method (lm_eval --model), e.g. lz")
+    compare.add_argument("--model-args", default=None, help="its --model_args, e.g. pretrained=embedded,strength=0.2")
+    compare.add_argument(
+        "--baseline-args", default=None, help="the baseline's --model_args (default: the method's, less its own)"
+    )
+    compare.add_argument("--tasks", required=True, help="comma-separated tasks")
+    compare.add_argument("--out", default="results/compare", help="output folder (default: results/compare)")
+    compare.add_argument("--rounds", type=int, default=3, help="interleaved rounds, baseline then method (default 3)")
+    compare.add_argument("--limit", type=int, default=None, help="documents per task (lm_eval --limit)")
+    compare.add_argument("--batch-size", default="1", help="lm_eval --batch_size for both (default 1)")
+    compare.add_argument("--gen-kwargs", default=None, help="lm_eval --gen_kwargs for both")
 
     listing = command(
         "methods", _methods, "list the methods of `lm_eval --model` with their arguments, types, defaults and checks"

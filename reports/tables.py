@@ -1,8 +1,18 @@
-"""Leaderboard rows: quality, speed, the speed ratio to the baseline, energy and method statistics.
+"""Leaderboard rows: quality with intervals and paired tests, speed, memory, energy, method statistics.
 
-One row per run and task. The speed ratio divides a run's tokens/s by the tokens/s of the
-``baseline`` run of the same model, backend and machine in the same report (ratios across
-machines or models would compare hardware, not methods).
+One row per run and task. Every comparison is with the ``baseline`` run of the same model,
+backend, machine and task configuration (the task's generation kwargs and few-shot count, the
+run's ``--limit``, ``--gen_kwargs``, chat template and system instruction); speed ratios also need
+the same batch size. A run with no such baseline, or without samples logs, says so instead of
+showing a ratio or a test.
+
+- quality: each metric's 95% interval from the samples log (Wilson for 0/1 metrics, bootstrap
+  over documents otherwise), and against the baseline the paired difference on the documents both
+  answered, its interval and p-value (McNemar's exact test for 0/1 metrics, paired bootstrap
+  otherwise); a difference with p < 0.05 is marked;
+- speed: tokens/s with its bootstrap interval, the ratio to the baseline, latency, time to first
+  token and time per output token percentiles;
+- memory and energy: peak memory of generation, joules per output and per total token.
 """
 
 from __future__ import annotations
@@ -10,31 +20,76 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from decodebench.measure.machine import short_name
-from decodebench.reports.reader import Run, TaskResult
+from decodebench.reports.reader import TOKEN_WEIGHTED, Run, TaskResult
+from decodebench.stats import paired_comparison, quality_interval
+
+SIGNIFICANCE = 0.05
+SMALL_N = 30
+
+
+@dataclass
+class MetricCell:
+    value: float | None
+    interval: list[float] | None = None
+    interval_method: str | None = None  # "wilson", "bootstrap", or None with a reason
+    comparison: dict[str, Any] | None = None  # paired difference against the baseline
+
+    @property
+    def significant(self) -> bool:
+        return bool(self.comparison) and self.comparison["p_value"] < SIGNIFICANCE
 
 
 @dataclass
 class Row:
     run: Run
     task: TaskResult
-    tokens_per_second: float | None
+    metrics: dict[str, MetricCell]
+    baseline: Run | None
+    baseline_note: str | None
     speed_ratio: float | None
     speed_note: str | None
-    joules_per_token: float | None
     energy_note: str | None
-    degenerate_rate: float | None
-    method_summary: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def measurement(self) -> dict[str, Any]:
+        return self.task.measurement or {}
 
     @property
     def quality(self) -> float | None:
         metric = self.task.primary_metric
-        return self.task.metrics.get(metric) if metric else None
+        return self.metrics[metric].value if metric in self.metrics else None
+
+    @property
+    def n(self) -> int | None:
+        return self.task.n
+
+    @property
+    def small_n(self) -> bool:
+        return self.n is not None and self.n < SMALL_N
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.measurement.get("tokens_per_second")
+
+    @property
+    def joules_per_token(self) -> float | None:
+        return self.measurement.get("joules_per_token")
+
+    @property
+    def method_summary(self) -> str:
+        """The columns the method chose for its statistics (``method_columns`` in the results)."""
+        columns = self.measurement.get("method_columns") or {}
+        parts = [f"{name} {_number(value, 2 if abs(value) >= 1 else 3)}" for name, value in columns.items()]
+        return ", ".join(parts) or "-"
 
     def as_dict(self) -> dict[str, Any]:
+        m = self.measurement
         return {
             "task": self.task.name,
             "run": self.run.label,
@@ -42,18 +97,42 @@ class Row:
             "method_args": self.run.method_args,
             "model": self.run.pretrained,
             "backend": self.run.backend,
+            "batch_size": self.run.batch_size,
+            "n": self.n,
+            "n_below_30": self.small_n,
             "primary_metric": self.task.primary_metric,
-            **{f"metric:{k}": v for k, v in self.task.metrics.items()},
+            "metrics": {
+                name: {
+                    "value": cell.value,
+                    "interval": cell.interval,
+                    "interval_method": cell.interval_method,
+                    "vs_baseline": cell.comparison,
+                }
+                for name, cell in self.metrics.items()
+            },
+            "not_read": self.task.unread,
+            "baseline": str(self.baseline.path) if self.baseline else None,
+            "baseline_note": self.baseline_note,
             "tokens_per_second": self.tokens_per_second,
+            "tokens_per_second_interval": m.get("tokens_per_second_interval"),
             "speed_ratio_vs_baseline": self.speed_ratio,
             "speed_note": self.speed_note,
+            "latency_s": m.get("latency_s"),
+            "ttft_s": m.get("ttft_s"),
+            "tpot_s": m.get("tpot_s"),
+            "peak_memory_bytes": m.get("peak_memory_bytes"),
+            "memory_source": m.get("memory_source"),
             "joules_per_token": self.joules_per_token,
+            "joules_per_total_token": m.get("joules_per_total_token"),
+            "energy_source": m.get("energy_source"),
             "energy_note": self.energy_note,
-            "degenerate_rate": self.degenerate_rate,
-            "method_statistics": (self.task.measurement or {}).get("method"),
+            "cached_requests": m.get("cached_requests"),
+            "degenerate_rate": m.get("degenerate_rate"),
+            "method_statistics": m.get("method"),
             "machine": machine_name(self.run),
             "results_file": str(self.run.path),
             "problems": self.run.problems,
+            "notes": self.notes,
         }
 
 
@@ -61,18 +140,61 @@ def machine_name(run: Run) -> str:
     return short_name(run.machine) if run.machine else "not recorded"
 
 
-def _same_setup(a: Run, b: Run) -> bool:
-    return a.pretrained == b.pretrained and a.backend == b.backend and machine_name(a) == machine_name(b)
+def comparison_key(run: Run, task: TaskResult) -> tuple:
+    """What two runs of a task must share to be compared on quality."""
+    return (
+        run.pretrained,
+        run.backend,
+        machine_name(run),
+        task.name,
+        json.dumps(task.config, sort_keys=True, default=str),
+        json.dumps(run.settings, sort_keys=True, default=str),
+    )
 
 
-def method_summary(task: TaskResult) -> str:
-    """The columns the method chose for its statistics (``method_columns`` in the results)."""
-    columns = (task.measurement or {}).get("method_columns") or {}
-    parts = [
-        f"{name} {_fmt(value, 2 if isinstance(value, float) and abs(value) >= 1 else 3)}"
-        for name, value in columns.items()
+def find_baseline(run: Run, task: TaskResult, runs: list[Run]) -> tuple[Run | None, str | None]:
+    """The baseline run of the same configuration (the most recent if several), or why there is none."""
+    if run.method == "baseline":
+        return None, None
+    key = comparison_key(run, task)
+    matching = [
+        other
+        for other in runs
+        if other.method == "baseline"
+        and task.name in other.tasks
+        and comparison_key(other, other.tasks[task.name]) == key
     ]
-    return ", ".join(parts) or "-"
+    if not matching:
+        return None, (
+            "no baseline of the same model, backend, machine and task configuration (generation kwargs, few-shot, "
+            "--limit, chat template) in the report"
+        )
+    return max(matching, key=lambda other: other.date or ""), None
+
+
+def metric_cells(task: TaskResult, baseline_task: TaskResult | None) -> tuple[dict[str, MetricCell], list[str]]:
+    cells, notes = {}, []
+    documents = task.per_document
+    base_documents = baseline_task.per_document if baseline_task else {}
+    for metric, value in task.metrics.items():
+        cell = MetricCell(value)
+        values = documents.get(metric)
+        if metric in TOKEN_WEIGHTED:
+            cell.interval_method = "token-weighted: no per-document interval"
+        elif values:
+            interval, method = quality_interval(list(values.values()))
+            cell.interval, cell.interval_method = interval.as_list(), method
+            base = base_documents.get(metric)
+            if base:
+                shared = sorted(set(values) & set(base), key=str)
+                if shared:
+                    cell.comparison = paired_comparison(
+                        [values[k] for k in shared], [base[k] for k in shared]
+                    ).as_dict()
+                if len(shared) < len(values):
+                    notes.append(f"{metric}: {len(values) - len(shared)} document(s) not answered by the baseline")
+        cells[metric] = cell
+    return cells, notes
 
 
 def build_rows(runs: list[Run]) -> dict[str, list[Row]]:
@@ -80,41 +202,31 @@ def build_rows(runs: list[Run]) -> dict[str, list[Row]]:
     by_task: dict[str, list[Row]] = {}
     for run in runs:
         for task in run.tasks.values():
-            measurement = task.measurement or {}
-            speed = measurement.get("tokens_per_second")
-            ratio, note = None, None
+            baseline, baseline_note = find_baseline(run, task, runs)
+            cells, notes = metric_cells(task, baseline.tasks[task.name] if baseline else None)
+            speed = (task.measurement or {}).get("tokens_per_second")
+            ratio, speed_note = None, None
             if speed is None:
-                note = "not measured" if not run.measured else "no tokens generated"
-            else:
-                baselines = [
-                    other
-                    for other in runs
-                    if other.method == "baseline"
-                    and _same_setup(other, run)
-                    and task.name in other.tasks
-                    and (other.tasks[task.name].measurement or {}).get("tokens_per_second")
-                ]
-                if baselines:
-                    ratio = speed / baselines[0].tasks[task.name].measurement["tokens_per_second"]
-                else:
-                    note = "no baseline of this model and machine in the report"
-            energy = measurement.get("joules_per_token")
-            energy_note = None
-            if energy is None:
-                energy_note = measurement.get("energy_unavailable_reason") or (
-                    "not measured (plain lm-eval run)" if not run.measured else "unavailable"
-                )
+                speed_note = "not measured" if not run.measured else "no tokens generated"
+            elif baseline is not None:
+                base_speed = (baseline.tasks[task.name].measurement or {}).get("tokens_per_second")
+                if baseline.batch_size != run.batch_size:
+                    speed_note = f"the baseline ran at batch size {baseline.batch_size}, this run at {run.batch_size}"
+                elif base_speed:
+                    ratio = speed / base_speed
+            elif run.method != "baseline":
+                speed_note = "no matching baseline"
             by_task.setdefault(task.name, []).append(
                 Row(
-                    run,
-                    task,
-                    speed,
-                    ratio,
-                    note,
-                    energy,
-                    energy_note,
-                    measurement.get("degenerate_rate"),
-                    method_summary(task),
+                    run=run,
+                    task=task,
+                    metrics=cells,
+                    baseline=baseline,
+                    baseline_note=baseline_note,
+                    speed_ratio=ratio,
+                    speed_note=speed_note,
+                    energy_note=_energy_note(run, task),
+                    notes=notes,
                 )
             )
     for rows in by_task.values():
@@ -122,19 +234,83 @@ def build_rows(runs: list[Run]) -> dict[str, list[Row]]:
     return by_task
 
 
+def _energy_note(run: Run, task: TaskResult) -> str | None:
+    measurement = task.measurement or {}
+    if measurement.get("joules_per_token") is not None:
+        unmetered = measurement.get("energy_unmetered_windows")
+        return f"{unmetered} window(s) too short to meter were left out" if unmetered else None
+    if not run.measured:
+        return "not measured (plain lm-eval run)"
+    return measurement.get("energy_unavailable_reason") or measurement.get("energy_unmetered_reason") or "unavailable"
+
+
 def metric_names(rows: list[Row]) -> list[str]:
     names: list[str] = []
     for row in rows:
-        names += [m for m in row.task.metrics if m not in names]
+        names += [m for m in row.metrics if m not in names]
     return names
 
 
-def _fmt(value: Any, digits: int = 3) -> str:
-    if value is None:
+# -- formatting --------------------------------------------------------------------------------
+def _number(value: Any, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
     if isinstance(value, float):
         return f"{value:.{digits}f}"
     return str(value)
+
+
+def interval_text(cell: MetricCell) -> str:
+    if cell.value is None:
+        return "-"
+    text = _number(cell.value)
+    if cell.interval:
+        text += f" [{_number(cell.interval[0])}, {_number(cell.interval[1])}]"
+    return text
+
+
+def comparison_text(cell: MetricCell) -> str:
+    """'+0.050* [0.010, 0.090] p=0.012' (* when p < 0.05), or '-' without a paired baseline."""
+    c = cell.comparison
+    if not c:
+        return "-"
+    mark = "*" if cell.significant else ""
+    return f"{c['difference']:+.3f}{mark} [{c['interval'][0]:+.3f}, {c['interval'][1]:+.3f}] p={c['p_value']:.3g}"
+
+
+def speed_text(row: Row) -> str:
+    tps = row.tokens_per_second
+    if tps is None:
+        return row.speed_note or "-"
+    interval = row.measurement.get("tokens_per_second_interval")
+    return f"{tps:.1f}" + (f" [{interval[0]:.1f}, {interval[1]:.1f}]" if interval else "")
+
+
+def percentiles_text(values: dict | None, scale: float = 1.0, digits: int = 2) -> str:
+    if not values:
+        return "-"
+    return "/".join(
+        _number(values.get(p) * scale if values.get(p) is not None else None, digits) for p in ("p50", "p90", "p99")
+    )
+
+
+def memory_text(row: Row) -> str:
+    peak = row.measurement.get("peak_memory_bytes")
+    return f"{peak / 2**20:.0f} MiB" if isinstance(peak, (int, float)) else "-"
+
+
+def energy_text(row: Row, footnote: int | None = None) -> str:
+    jpt = row.joules_per_token
+    if jpt is None:
+        return f"unavailable [{footnote}]" if footnote else "unavailable"
+    total = row.measurement.get("joules_per_total_token")
+    return f"{jpt:.4f} / {_number(total, 4)}"
+
+
+def n_text(row: Row) -> str:
+    if row.n is None:
+        return "-"
+    return f"{row.n} (below {SMALL_N})" if row.small_n else str(row.n)
 
 
 def markdown(by_task: dict[str, list[Row]], runs: list[Run], problems: list[str]) -> str:
@@ -144,28 +320,58 @@ def markdown(by_task: dict[str, list[Row]], runs: list[Run], problems: list[str]
     revisions = sorted({run.git_hash for run in runs if run.git_hash})
     if revisions:
         lines.append(f"- git revisions: {', '.join(revisions)}")
-    lines.append("")
+    lines += [
+        "- quality: value [95% interval]; Δ: paired difference from the baseline of the same configuration "
+        "[95% interval] and p-value (McNemar exact for 0/1 metrics, paired bootstrap otherwise); * marks p < 0.05",
+        "- speed: tokens/s [95% bootstrap interval]; latency and TTFT p50/p90/p99 in s; TPOT p50/p90/p99 in ms; "
+        "J/token: per output token / per prompt+output token",
+        "",
+    ]
     notes: list[str] = []
     for task, rows in by_task.items():
         metrics = metric_names(rows)
+        primary = rows[0].task.primary_metric if rows else None
         lines += [f"## {task}", ""]
-        header = ["run", *metrics, "tokens/s", "x baseline", "J/token", "loops", "method statistics", "model"]
+        header = [
+            "run",
+            "n",
+            *metrics,
+            f"Δ {primary} vs baseline",
+            "tokens/s",
+            "x baseline",
+            "latency (s)",
+            "TTFT (s)",
+            "TPOT (ms)",
+            "peak memory",
+            "J/token",
+            "loops",
+            "method statistics",
+        ]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for row in rows:
-            energy = _fmt(row.joules_per_token, 4)
-            if row.energy_note:
+            footnote = None
+            if row.energy_note and row.joules_per_token is None:
                 if row.energy_note not in notes:
                     notes.append(row.energy_note)
-                energy = f"unavailable [{notes.index(row.energy_note) + 1}]"
+                footnote = notes.index(row.energy_note) + 1
+            primary_cell = row.metrics.get(primary) if primary else None
+            delta = comparison_text(primary_cell) if primary_cell else "-"
+            if delta == "-" and row.baseline_note:
+                delta = "no matching baseline"
             cells = [
                 row.run.label,
-                *(_fmt(row.task.metrics.get(m)) for m in metrics),
-                _fmt(row.tokens_per_second, 1) if row.tokens_per_second is not None else (row.speed_note or "-"),
-                f"{row.speed_ratio:.2f}x" if row.speed_ratio is not None else "-",
-                energy,
-                _fmt(row.degenerate_rate, 2),
+                n_text(row),
+                *(interval_text(row.metrics[m]) if m in row.metrics else "-" for m in metrics),
+                delta,
+                speed_text(row),
+                f"{row.speed_ratio:.2f}x" if row.speed_ratio is not None else (row.speed_note or "-"),
+                percentiles_text(row.measurement.get("latency_s")),
+                percentiles_text(row.measurement.get("ttft_s")),
+                percentiles_text(row.measurement.get("tpot_s"), 1000, 1),
+                memory_text(row),
+                energy_text(row, footnote),
+                _number(row.measurement.get("degenerate_rate"), 2),
                 row.method_summary,
-                row.run.pretrained.rsplit("/", 1)[-1],
             ]
             lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
         lines.append("")
@@ -177,8 +383,19 @@ def markdown(by_task: dict[str, list[Row]], runs: list[Run], problems: list[str]
     return "\n".join(lines)
 
 
+def finite(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (strict JSON has no NaN or Infinity)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
 def csv_text(by_task: dict[str, list[Row]]) -> str:
-    rows = [row.as_dict() for task_rows in by_task.values() for row in task_rows]
+    rows = [finite(row.as_dict()) for task_rows in by_task.values() for row in task_rows]
     columns: list[str] = []
     for row in rows:
         columns += [c for c in row if c not in columns]
@@ -191,8 +408,5 @@ def csv_text(by_task: dict[str, list[Row]]) -> str:
 
 
 def json_text(by_task: dict[str, list[Row]], problems: list[str]) -> str:
-    return json.dumps(
-        {"tasks": {task: [row.as_dict() for row in rows] for task, rows in by_task.items()}, "problems": problems},
-        indent=2,
-        default=str,
-    )
+    payload = {"tasks": {task: [row.as_dict() for row in rows] for task, rows in by_task.items()}, "problems": problems}
+    return json.dumps(finite(payload), indent=2, default=str, allow_nan=False)

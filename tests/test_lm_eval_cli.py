@@ -123,3 +123,24 @@ def test_main_job_runs_lm_eval_and_says_where_results_are(embedded_checkpoint, t
     assert "| baseline | squad_mini |" in proc.stdout
     assert (out / "leaderboard" / "leaderboard.html").is_file()
     assert f"leaderboard: {out / 'leaderboard' / 'leaderboard.html'}" in proc.stdout
+
+
+def test_results_of_the_embedded_model_land_under_a_readable_name(baseline_run):
+    out, _ = baseline_run
+    (results,) = results_files(out)
+    assert results.parent.name == "embedded"  # not lm-eval's random id for a run without pretrained=
+
+
+def test_a_run_resumed_with_use_cache_completes_and_counts_cached_requests_apart(tiny_checkpoint, tmp_path):
+    cache = tmp_path / "cache" / "lm"
+    common = ("--model", "baseline", "--model_args", f"pretrained={tiny_checkpoint}", "--tasks", "squad_mini")
+    common += (*SHORT, "--use_cache", str(cache), "--log_samples")
+    first = run_lm_eval(*common, "--limit", "2", "--output_path", str(tmp_path / "first"), cwd=tmp_path)
+    assert first.returncode == 0, explain(first)
+    # the same run again, now asked for more documents: what was generated comes from the cache
+    second = run_lm_eval(*common, "--limit", "3", "--output_path", str(tmp_path / "second"), cwd=tmp_path)
+    assert second.returncode == 0, explain(second)
+    stats = read_results(tmp_path / "second")["config"]["decodebench"]["tasks"]["squad_mini"]
+    assert stats["requests"] == 1 and stats["cached_requests"] == 2  # only one request was generated and timed
+    samples = read_samples(tmp_path / "second", "squad_mini")
+    assert len(samples) == 3 and sum("decodebench" in sample for sample in samples) == 1

@@ -14,29 +14,61 @@ import pytest
 from decodebench.reports.leaderboard import write_report
 from decodebench.reports.plots import pareto_front
 from decodebench.reports.reader import read_runs
+from decodebench.stats import mcnemar_exact, wilson_interval
 
 MACHINE = {"cpu": "Test CPU", "cpu_count": 2, "usable_cpus": 2, "gpus": [], "versions": {}}
+DATE = "2026-11-22T10-00-00.000000"
 
 
 def results_file(
-    folder: Path, method: str, tasks: dict, *, measured=True, args=None, pretrained="/m/tiny", backend="hf", energy=None
+    folder: Path,
+    method: str,
+    tasks: dict,
+    *,
+    measured=True,
+    args=None,
+    pretrained="/m/tiny",
+    backend="hf",
+    energy=None,
+    max_gen_toks=64,
+    batch_size=1,
+    extra_metrics=None,
 ) -> Path:
-    """A results JSON in lm-eval 0.4.13's schema, as decodebench's models write it."""
-    results, stats = {}, {}
-    for task, (quality, tokens, seconds) in tasks.items():
+    """A results JSON in lm-eval 0.4.13's schema, as decodebench's models write it, and its samples log.
+
+    ``tasks`` maps a task to (per-document 0/1 correctness, new tokens, seconds).
+    """
+    results, stats, configs = {}, {}, {}
+    folder.mkdir(parents=True, exist_ok=True)
+    for task, (correct, tokens, seconds) in tasks.items():
+        quality = sum(correct) / len(correct)
         results[task] = {"alias": task, "normalized_accuracy,none": quality, "normalized_accuracy_stderr,none": 0.1}
+        results[task].update(extra_metrics or {})
         stats[task] = {
-            "requests": 4,
+            "requests": len(correct),
             "new_tokens": tokens,
             "generate_seconds": seconds,
             "tokens_per_second": tokens / seconds,
+            "tokens_per_second_interval": [0.9 * tokens / seconds, 1.1 * tokens / seconds],
+            "latency_s": {"p50": 0.5, "p90": 0.9, "p99": 0.99},
+            "ttft_s": {"p50": 0.1, "p90": 0.2, "p99": 0.25},
+            "tpot_s": {"p50": 0.02, "p90": 0.03, "p99": 0.04},
+            "peak_memory_bytes": 300 * 2**20,
+            "memory_source": "cpu-resident-growth",
             "joules_per_token": energy,
+            "joules_per_total_token": energy / 4 if energy else None,
             "energy_unavailable_reason": None if energy else "no counter on this test machine",
             "degenerate_rate": 0.25,
             "method": {"block_efficiency": 2.5} if method == "mtad" else {},
             "method_columns": {"block efficiency": 2.5} if method == "mtad" else {},
         }
-    config = {"model": method, "model_args": {"pretrained": pretrained}}
+        configs[task] = {"generation_kwargs": {"until": [], "max_gen_toks": max_gen_toks, "do_sample": False}}
+        lines = [
+            {"doc_id": i, "doc_hash": f"h{i}", "filter": "none", "normalized_accuracy": float(value)}
+            for i, value in enumerate(correct)
+        ]
+        (folder / f"samples_{task}_{DATE}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    config = {"model": method, "model_args": {"pretrained": pretrained}, "batch_size": batch_size, "limit": None}
     if measured:
         config["decodebench"] = {
             "method": method,
@@ -47,32 +79,41 @@ def results_file(
             "energy": {},
             "tasks": stats,
         }
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"results_{method}.json"
+    path = folder / f"results_{DATE}.json"
     path.write_text(
         json.dumps(
             {
                 "results": results,
                 "config": config,
+                "configs": configs,
                 "git_hash": "abc1234",
                 "higher_is_better": {t: {"normalized_accuracy": True} for t in tasks},
-                "n-samples": {t: {"effective": 4} for t in tasks},
+                "n-samples": {t: {"effective": len(c[0])} for t, c in tasks.items()},
+                "n-shot": dict.fromkeys(tasks, 0),
+                "date": 1.0,
             }
         )
     )
     return path
 
 
+# 40 documents: the baseline answers 20, lz 32 (12 more, none fewer: McNemar p = 2/4096), mtad the same 20
+BASE = [1] * 20 + [0] * 20
+BETTER = [1] * 32 + [0] * 8
+
+
 @pytest.fixture
 def outputs(tmp_path):
-    results_file(tmp_path / "baseline", "baseline", {"squad_mini": (0.50, 100, 10.0), "cnndm_mini": (0.2, 50, 5.0)})
-    results_file(tmp_path / "mtad", "mtad", {"squad_mini": (0.50, 100, 4.0)}, args={"draft": "context"})
-    results_file(tmp_path / "lz", "lz", {"squad_mini": (0.75, 100, 20.0)}, args={"penalty": "lz"}, energy=0.5)
-    results_file(tmp_path / "plain", "hf", {"squad_mini": (0.25, 0, 1.0)}, measured=False)
+    results_file(
+        tmp_path / "baseline", "baseline", {"squad_mini": (BASE, 100, 10.0), "cnndm_mini": ([1, 0] * 3, 50, 5.0)}
+    )
+    results_file(tmp_path / "mtad", "mtad", {"squad_mini": (BASE, 100, 4.0)}, args={"draft": "context"})
+    results_file(tmp_path / "lz", "lz", {"squad_mini": (BETTER, 100, 20.0)}, args={"penalty": "lz"}, energy=0.5)
+    results_file(tmp_path / "plain", "hf", {"squad_mini": ([0] * 40, 0, 1.0)}, measured=False)
     return tmp_path
 
 
-def test_tables_show_quality_speed_ratio_energy_and_what_is_missing(outputs, tmp_path):
+def test_tables_show_intervals_paired_tests_speed_memory_and_energy(outputs, tmp_path):
     written, _problems = write_report([outputs], tmp_path / "board")
     assert sorted(p.name for p in written) == [
         "leaderboard.csv",
@@ -82,31 +123,117 @@ def test_tables_show_quality_speed_ratio_energy_and_what_is_missing(outputs, tmp
     ]
     data = json.loads((tmp_path / "board" / "leaderboard.json").read_text())
     squad = {row["run"]: row for row in data["tasks"]["squad_mini"]}
-    assert squad["baseline"]["speed_ratio_vs_baseline"] == pytest.approx(1.0)
-    assert squad["mtad (draft=context)"]["speed_ratio_vs_baseline"] == pytest.approx(2.5)  # 25 vs 10 tokens/s
-    assert squad["lz (penalty=lz)"]["speed_ratio_vs_baseline"] == pytest.approx(0.5)
-    assert squad["lz (penalty=lz)"]["joules_per_token"] == 0.5
+    lz = squad["lz (penalty=lz)"]
+    accuracy = lz["metrics"]["normalized_accuracy"]
+    assert accuracy["value"] == 0.8 and accuracy["interval_method"] == "wilson"
+    assert accuracy["interval"] == pytest.approx(wilson_interval(32, 40).as_list())
+    assert accuracy["vs_baseline"]["test"] == "mcnemar-exact"
+    assert accuracy["vs_baseline"]["p_value"] == pytest.approx(mcnemar_exact(12, 0))
+    assert accuracy["vs_baseline"]["difference"] == pytest.approx(0.3)
+    mtad = squad["mtad (draft=context)"]
+    assert mtad["metrics"]["normalized_accuracy"]["vs_baseline"]["p_value"] == 1.0
+    assert mtad["speed_ratio_vs_baseline"] == pytest.approx(2.5)  # 25 vs 10 tokens/s
+    assert lz["speed_ratio_vs_baseline"] == pytest.approx(0.5) and lz["joules_per_token"] == 0.5
     assert squad["baseline"]["energy_note"] == "no counter on this test machine"
     assert squad["hf"]["tokens_per_second"] is None and squad["hf"]["speed_note"] == "not measured"
     assert next(row["run"] for row in data["tasks"]["squad_mini"]) == "lz (penalty=lz)"  # best quality first
+    assert data["tasks"]["cnndm_mini"][0]["n_below_30"] is True
     markdown = (tmp_path / "board" / "leaderboard.md").read_text()
-    assert "| mtad (draft=context) | 0.500 | 25.0 | 2.50x |" in markdown
+    assert "| lz (penalty=lz) | 40 | 0.800 [0.652, 0.895] | +0.300* [" in markdown
+    assert (
+        "| 5.0 [4.5, 5.5] | 0.50x | 0.50/0.90/0.99 | 0.10/0.20/0.25 | 20.0/30.0/40.0 | 300 MiB | 0.5000 / 0.1250 |"
+        in markdown
+    )
+    assert "| 6 (below 30) |" in markdown
     assert "plain lm-eval run: no speed or energy measurements" in markdown
     assert "block efficiency 2.50" in markdown
     rows = list(csv.DictReader(io.StringIO((tmp_path / "board" / "leaderboard.csv").read_text())))
     assert len(rows) == 5 and {r["task"] for r in rows} == {"squad_mini", "cnndm_mini"}
 
 
+def test_a_baseline_with_another_configuration_is_never_used(tmp_path):
+    results_file(tmp_path / "baseline", "baseline", {"squad_mini": (BASE, 100, 10.0)}, max_gen_toks=32)
+    results_file(tmp_path / "lz", "lz", {"squad_mini": (BETTER, 100, 20.0)}, max_gen_toks=64)
+    results_file(tmp_path / "lz-b8", "lz", {"squad_mini": (BETTER, 100, 20.0)}, max_gen_toks=32, batch_size=8)
+    write_report([tmp_path], tmp_path / "board")
+    rows = json.loads((tmp_path / "board" / "leaderboard.json").read_text())["tasks"]["squad_mini"]
+    other_config = next(r for r in rows if r["method"] == "lz" and r["batch_size"] == 1)
+    assert other_config["baseline"] is None and "no baseline of the same" in other_config["baseline_note"]
+    assert (
+        other_config["speed_ratio_vs_baseline"] is None
+        and other_config["metrics"]["normalized_accuracy"]["vs_baseline"] is None
+    )
+    other_batch = next(r for r in rows if r["batch_size"] == 8)
+    assert other_batch["metrics"]["normalized_accuracy"]["vs_baseline"] is not None  # quality pairs up
+    assert other_batch["speed_ratio_vs_baseline"] is None and "batch size 1" in other_batch["speed_note"]
+
+
+def test_a_run_without_samples_has_no_interval_and_says_so(tmp_path):
+    results_file(tmp_path / "baseline", "baseline", {"squad_mini": (BASE, 100, 10.0)})
+    for samples in (tmp_path / "baseline").glob("samples_*"):
+        samples.unlink()
+    write_report([tmp_path], tmp_path / "board")
+    row = json.loads((tmp_path / "board" / "leaderboard.json").read_text())["tasks"]["squad_mini"][0]
+    assert row["metrics"]["normalized_accuracy"]["interval"] is None
+    assert any("no samples log" in p for p in row["problems"])
+
+
+def test_non_finite_and_string_metrics_are_shown_as_missing_and_listed(tmp_path):
+    results_file(
+        tmp_path / "baseline",
+        "baseline",
+        {"squad_mini": (BASE, 100, 10.0)},
+        extra_metrics={"f1,none": float("nan"), "bleu,none": float("inf"), "verdict,none": "good"},
+    )
+    write_report([tmp_path], tmp_path / "board")
+    text = (tmp_path / "board" / "leaderboard.json").read_text()
+    json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in leaderboard.json: not strict JSON"))
+    row = json.loads(text)["tasks"]["squad_mini"][0]
+    assert row["metrics"]["f1"]["value"] is None and row["metrics"]["bleu"]["value"] is None
+    assert row["not_read"] == ["verdict"]
+    markdown = (tmp_path / "board" / "leaderboard.md").read_text()
+    assert "nanx" not in markdown and "nan" not in markdown.split("Not complete")[0].lower().replace("nano", "")
+    assert "non-finite value(s) for f1, bleu, shown as missing" in markdown
+    assert "not read (not a number): verdict" in markdown
+
+
+KILLED_REPORT = """
+import sys
+from decodebench.reports import leaderboard
+real = leaderboard.csv_text
+def slow_then_die(*args):
+    real(*args)
+    import os, signal
+    os.kill(os.getpid(), signal.SIGKILL)  # killed while the report is being made
+leaderboard.csv_text = slow_then_die
+leaderboard.write_report([sys.argv[1]], sys.argv[2])
+"""
+
+
+def test_a_report_killed_mid_write_leaves_the_previous_report_whole(outputs, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    board = tmp_path / "board"
+    write_report([outputs], board)
+    before = {p.name: p.read_bytes() for p in board.iterdir()}
+    results_file(outputs / "lz2", "lz", {"squad_mini": (BASE, 100, 20.0)}, args={"penalty": "frequency"})
+    proc = subprocess.run([sys.executable, "-c", KILLED_REPORT, str(outputs), str(board)], capture_output=True)
+    assert proc.returncode == -signal.SIGKILL
+    assert {p.name: p.read_bytes() for p in board.iterdir() if not p.name.endswith(".partial")} == before
+
+
 def test_an_argument_with_a_newline_keeps_its_table_row_on_one_line(tmp_path):
-    results_file(tmp_path / "baseline", "baseline", {"squad_mini": (0.5, 10, 1.0)})
-    results_file(tmp_path / "nugget", "nugget", {"squad_mini": (0.25, 10, 1.0)}, args={"split": "\n\n"})
+    results_file(tmp_path / "baseline", "baseline", {"squad_mini": ([1, 0], 10, 1.0)})
+    results_file(tmp_path / "nugget", "nugget", {"squad_mini": ([0, 0], 10, 1.0)}, args={"split": "\n\n"})
     write_report([tmp_path], tmp_path / "board")
     table = (tmp_path / "board" / "leaderboard.md").read_text().split("## squad_mini")[1].strip().split("\n\n")[0]
     assert [line.startswith("| nugget (split=\\n\\n) |") for line in table.splitlines()[2:]] == [False, True]
 
 
 def test_partial_runs_and_bad_files_are_reported_not_hidden(tmp_path):
-    path = results_file(tmp_path / "cut", "baseline", {"squad_mini": (0.5, 10, 1.0)})
+    path = results_file(tmp_path / "cut", "baseline", {"squad_mini": (BASE, 10, 1.0)})
     data = json.loads(path.read_text())
     data["results"]["cnndm_mini"] = {"rougeL,none": 0.1}  # scored, but its measurement is missing
     path.write_text(json.dumps(data))
@@ -126,13 +253,13 @@ def test_empty_folders_and_different_models(tmp_path):
     (tmp_path / "empty").mkdir()
     written, problems = write_report([tmp_path / "empty"], tmp_path / "board")
     assert written == [] and "no lm-eval results" in problems[0]
-    results_file(tmp_path / "a", "baseline", {"squad_mini": (0.5, 10, 1.0)}, pretrained="/m/one")
-    results_file(tmp_path / "b", "lz", {"squad_mini": (0.5, 10, 2.0)}, pretrained="/m/two")
+    results_file(tmp_path / "a", "baseline", {"squad_mini": (BASE, 10, 1.0)}, pretrained="/m/one")
+    results_file(tmp_path / "b", "lz", {"squad_mini": (BASE, 10, 2.0)}, pretrained="/m/two")
     written, problems = write_report([tmp_path / "a", tmp_path / "b"], tmp_path / "board2")
     assert written and any("2 different models" in p for p in problems)
     data = json.loads((tmp_path / "board2" / "leaderboard.json").read_text())
     lz = next(r for r in data["tasks"]["squad_mini"] if r["method"] == "lz")
-    assert lz["speed_ratio_vs_baseline"] is None and "no baseline" in lz["speed_note"]
+    assert lz["speed_ratio_vs_baseline"] is None and lz["speed_note"] == "no matching baseline"
 
 
 def test_pareto_front_keeps_the_undominated_points():
@@ -184,6 +311,10 @@ def test_html_leaderboard_in_headless_chromium(outputs, tmp_path):
             return [row.find_elements(By.TAG_NAME, "td")[0].text for row in rows]
 
         assert runs()[0] == "lz (penalty=lz)"
+        lz_row = panel.find_elements(By.CSS_SELECTOR, "tbody tr")[0]
+        delta = lz_row.find_element(By.CSS_SELECTOR, "td.significant")  # a significant difference, marked
+        assert delta.text.startswith("+0.300*") and "p = " in delta.get_attribute("title")
+        assert "[0.652, 0.895]" in lz_row.text and "0.50/0.90/0.99" in lz_row.text and "300 MiB" in lz_row.text
         speed_header = next(th for th in panel.find_elements(By.TAG_NAME, "th") if th.text.startswith("tokens/s"))
         speed_header.click()  # ascending: slowest first, unmeasured last
         assert runs()[:3] == ["lz (penalty=lz)", "baseline", "mtad (draft=context)"]
@@ -192,6 +323,8 @@ def test_html_leaderboard_in_headless_chromium(outputs, tmp_path):
         assert len(panel.find_elements(By.TAG_NAME, "img")) == 2  # quality vs tokens/s and vs J/token
         driver.find_element(By.ID, "tab-2").click()
         assert driver.find_element(By.ID, "panel-2").is_displayed() and not panel.is_displayed()
+        small = driver.find_element(By.CSS_SELECTOR, "#panel-2 td.small-n")  # n = 6: warned
+        assert small.text == "6" and "fewer than 30" in small.get_attribute("title")
         driver.find_element(By.ID, "tab-1").click()
         screenshot = tmp_path / "leaderboard.png"
         driver.save_screenshot(str(screenshot))

@@ -7,8 +7,8 @@ no counter can be read, ``UnavailableMeter`` says why and the reports show "unav
 - ``NvmlMeter``: NVIDIA GPUs through NVML (nvidia-ml-py). Volta and newer expose a total-energy
   counter (mJ, ``nvmlDeviceGetTotalEnergyConsumption``); older GPUs only report power, so a
   background thread samples ``nvmlDeviceGetPowerUsage`` and integrates it (trapezoid rule),
-  labelled ``nvml-power-sampling``. The counter updates about every 100 ms, so windows much
-  shorter than that read close to 0 J; decodebench's windows are whole generation batches.
+  labelled ``nvml-power-sampling``. The counter updates about every 100 ms: each meter states its
+  ``resolution_s``, and a window shorter than that is flagged and left unmetered, never 0 J.
 - ``RaplMeter``: CPU package energy from ``/sys/class/powercap/intel-rapl:N/energy_uj`` (the
   same driver serves recent AMD CPUs), with counter wrap-around handled. Usually root-only.
 """
@@ -27,6 +27,7 @@ class EnergyMeter(Protocol):
     source: str  # "nvml-energy-counter", "nvml-power-sampling", "rapl" or "unavailable"
     reason: str | None  # why energy is unavailable, None when it is measured
     devices: list[str]
+    resolution_s: float  # windows shorter than this are not metered (never read as 0 J)
 
     @property
     def available(self) -> bool: ...
@@ -40,6 +41,7 @@ class EnergyMeter(Protocol):
 class UnavailableMeter:
     reason: str
     source: str = "unavailable"
+    resolution_s: float = 0.0
 
     def __post_init__(self):
         self.devices: list[str] = []
@@ -60,6 +62,7 @@ class RaplMeter:
 
     source = "rapl"
     reason = None
+    resolution_s = 0.001  # RAPL's energy status registers update about every millisecond
 
     def __init__(self, root: str | os.PathLike = "/sys/class/powercap"):
         root = Path(root)
@@ -101,6 +104,10 @@ class RaplMeter:
         pass
 
 
+# NVML's total-energy counter moves in steps about 100 ms apart (Zeus and the ML.ENERGY notes).
+NVML_COUNTER_RESOLUTION_S = 0.1
+
+
 class NvmlMeter:
     """Energy of the given NVML device indices (physical indices, as nvidia-smi shows them)."""
 
@@ -121,10 +128,12 @@ class NvmlMeter:
             try:
                 self._start_mj = [nvml.nvmlDeviceGetTotalEnergyConsumption(h) for h in self._handles]
                 self.source = "nvml-energy-counter"
+                self.resolution_s = NVML_COUNTER_RESOLUTION_S
                 self._sampler = None
             except nvml.NVMLError:
                 # No energy counter (pre-Volta): integrate sampled power instead.
                 self.source = "nvml-power-sampling"
+                self.resolution_s = 2 * sample_interval_s
                 self._sampler = _PowerSampler(nvml, self._handles, sample_interval_s)
         except Exception:
             nvml.nvmlShutdown()

@@ -1,18 +1,28 @@
 """The one measurement layer every method and every baseline goes through.
 
 A backend opens a ``Window`` around each unit of generation work it runs (a batch of rows on
-the transformers backend, one ``LLM.generate`` call on vLLM); the window takes wall time and
-energy. After the window closes, the backend records one ``RequestRecord`` per request that was
-in it (``Window.record``). Methods never time themselves: they only add their own counters (``method_stats``).
+the transformers backend, one ``LLM.generate`` call on vLLM); the window takes wall time, energy
+and peak memory. After the window closes, the backend records one ``RequestRecord`` per request
+that was in it (``Window.record``). Methods never time themselves: they only add their own
+counters (``method_stats``).
 
 Definitions (the README's "Measurements" section shows them to users):
 - ``new_tokens``: tokens the model produced for the request, up to and including the token
   that ended it (EOS or the one completing a stop sequence); tokens generated past a stop only
   because other rows of the batch were still running are not counted.
-- ``latency_s``: wall time of the window the request ran in (requests of one batch share it).
-- ``tokens_per_second`` of a task: its new tokens over the summed wall time of its windows.
-- ``joules_per_token``: metered joules of the task's windows over its new tokens. Energy is
-  measured per window; a request's share is the window's joules per token times its tokens.
+- ``latency_s``: wall time of the window the request ran in (requests of one batch share it);
+  ``ttft_s``: time to the first new token; ``tpot_s``: time per output token after the first,
+  ``(latency - ttft) / (new_tokens - 1)``. A task reports their p50, p90 and p99 over requests.
+- ``tokens_per_second`` of a task: its new tokens over the summed wall time of its windows, with
+  a 95% bootstrap interval over windows (one request each at batch size 1).
+- ``peak_memory_bytes``: the largest window peak of the task (decodebench.measure.memory).
+- ``joules_per_token``: metered joules of the task's windows over their new tokens, and
+  ``joules_per_total_token`` over prompt plus new tokens. A request's ``joules`` is its window's
+  energy split by new tokens: an attribution, not a measurement. A window shorter than the
+  counter's resolution, or in which the counter did not move, is not metered: it is counted in
+  ``energy_unmetered_windows`` and left out, never read as 0 J.
+- ``cached_requests``: requests lm-eval answered from its cache (``--use_cache``); they are not in
+  any speed, latency, memory or energy figure.
 - ``repetition``: the LZ paper's degenerate-repetition check of each returned text (a unit
   repeated back to back at least 20 times, or a drifting loop; decodebench.metrics), so every
   generative task, lm-eval's own included, reports a ``degenerate_rate``.
@@ -28,9 +38,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from decodebench.measure.energy import EnergyMeter
+from decodebench.measure.memory import MemoryMeter, NoMemory
 from decodebench.metrics.repetition import find_degenerate_repetition
+from decodebench.stats import percentiles, ratio_interval
 
 FINISH_REASONS = ("eos", "stop", "length")
+ATTRIBUTION = "a request's joules are its window's energy split by new tokens (an attribution, not a measurement)"
 
 
 @dataclass
@@ -44,7 +57,7 @@ class RequestRecord:
     latency_s: float
     batch_size: int
     ttft_s: float | None = None
-    joules: float | None = None
+    joules: float | None = None  # attributed by token share within the window
     method_stats: dict[str, Any] = field(default_factory=dict)
     repetition: dict[str, Any] | None = None
 
@@ -52,21 +65,30 @@ class RequestRecord:
     def tokens_per_second(self) -> float | None:
         return self.new_tokens / self.latency_s if self.latency_s > 0 else None
 
+    @property
+    def tpot_s(self) -> float | None:
+        if self.ttft_s is None or self.new_tokens < 2:
+            return None
+        return max(0.0, self.latency_s - self.ttft_s) / (self.new_tokens - 1)
+
     def as_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["tokens_per_second"] = self.tokens_per_second
+        out["tpot_s"] = self.tpot_s
         out["joules_per_token"] = self.joules / self.new_tokens if self.joules is not None and self.new_tokens else None
         return out
 
 
 @dataclass
 class Window:
-    """Wall time and energy of one unit of generation work."""
+    """Wall time, energy and peak memory of one unit of generation work."""
 
     task: str
     started_at: float = 0.0  # time.perf_counter() when the window opened
     wall_s: float = 0.0
-    joules: float | None = None
+    joules: float | None = None  # None: not metered (no counter, or the window was too short)
+    energy_flag: str | None = None  # why a window with a meter was not metered
+    peak_memory_bytes: int | None = None
     ttft_s: float | None = None
     records: list[RequestRecord] = field(default_factory=list)
 
@@ -101,14 +123,19 @@ class Window:
         self._attribute_energy()
         return rec
 
+    @property
+    def new_tokens(self) -> int:
+        return sum(r.new_tokens for r in self.records)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(r.new_tokens + r.prompt_tokens for r in self.records)
+
     def _attribute_energy(self) -> None:
         """Split the window's joules over its requests in proportion to their new tokens."""
-        tokens = sum(r.new_tokens for r in self.records)
+        tokens = self.new_tokens
         for rec in self.records:
-            if self.joules is None:
-                rec.joules = None
-            else:
-                rec.joules = self.joules * rec.new_tokens / tokens if tokens else 0.0
+            rec.joules = None if self.joules is None else (self.joules * rec.new_tokens / tokens if tokens else 0.0)
 
 
 class Recorder:
@@ -120,12 +147,15 @@ class Recorder:
         synchronize: Callable[[], None] | None = None,
         summarize_method_stats: Callable[[list[RequestRecord]], dict] | None = None,
         summary_columns: Callable[[dict], dict] | None = None,
+        memory: MemoryMeter | None = None,
     ):
         self.meter = meter
+        self.memory = memory or NoMemory("not measured")
         self._synchronize = synchronize or (lambda: None)
         self._summarize_method = summarize_method_stats or sum_numeric_stats
         self._summary_columns = summary_columns or (lambda stats: {})
         self.windows: list[Window] = []
+        self.cached_requests: dict[str, int] = {}  # set after lm-eval's evaluate (--use_cache)
 
     # -- measurement --------------------------------------------------------------------
     def open(self, task: str) -> _OpenWindow:
@@ -144,41 +174,75 @@ class Recorder:
             "available": self.meter.available,
             "source": self.meter.source,
             "devices": list(self.meter.devices),
+            "resolution_s": getattr(self.meter, "resolution_s", None),
             "unavailable_reason": self.meter.reason,
+            "attribution": ATTRIBUTION,
         }
+
+    def memory_status(self) -> dict[str, Any]:
+        return {"source": self.memory.source, "unavailable_reason": self.memory.reason}
 
     def task_summaries(self) -> dict[str, dict[str, Any]]:
         by_task: dict[str, list[Window]] = defaultdict(list)
         for window in self.windows:
             by_task[window.task].append(window)
-        return {task: self._summarize(windows) for task, windows in sorted(by_task.items())}
+        tasks = set(by_task) | set(self.cached_requests)
+        return {task: self._summarize(task, by_task.get(task, [])) for task in sorted(tasks)}
 
-    def _summarize(self, windows: list[Window]) -> dict[str, Any]:
+    def _summarize(self, task: str, windows: list[Window]) -> dict[str, Any]:
         records = [rec for w in windows for rec in w.records]
         wall = sum(w.wall_s for w in windows)
         new_tokens = sum(r.new_tokens for r in records)
-        ttfts = [r.ttft_s for r in records if r.ttft_s is not None]
-        joules = None if any(w.joules is None for w in windows) else sum(w.joules for w in windows)
         finish = {reason: sum(r.finish_reason == reason for r in records) for reason in FINISH_REASONS}
         checked = [r.repetition["degenerate"] for r in records if r.repetition is not None]
         method_stats = self._summarize_method(records)
-        return {
+        timed = [w for w in windows if w.wall_s > 0]
+        summary = {
             "requests": len(records),
+            "cached_requests": self.cached_requests.get(task, 0),
             "prompt_tokens": sum(r.prompt_tokens for r in records),
             "new_tokens": new_tokens,
             "generate_seconds": wall,
             "tokens_per_second": new_tokens / wall if wall > 0 else None,
+            "tokens_per_second_interval": ratio_interval(
+                [w.new_tokens for w in timed], [w.wall_s for w in timed]
+            ).as_list()
+            if len(timed) >= 2 and new_tokens
+            else None,
+            "tokens_per_second_units": len(timed),
+            "latency_s": percentiles([r.latency_s for r in records]),
+            "ttft_s": percentiles([r.ttft_s for r in records if r.ttft_s is not None]),
+            "tpot_s": percentiles([r.tpot_s for r in records if r.tpot_s is not None]),
             "mean_latency_s": _mean(r.latency_s for r in records),
-            "mean_ttft_s": _mean(ttfts) if ttfts else None,
+            "mean_ttft_s": _mean(r.ttft_s for r in records if r.ttft_s is not None),
             "finish_reasons": finish,
-            "degenerate_rate": _mean(checked) if checked else None,
-            "energy_joules": joules,
-            "joules_per_token": joules / new_tokens if joules is not None and new_tokens else None,
-            "energy_source": self.meter.source,
-            "energy_unavailable_reason": self.meter.reason,
+            "degenerate_rate": _mean(checked),
+            "peak_memory_bytes": max(
+                (w.peak_memory_bytes for w in windows if w.peak_memory_bytes is not None), default=None
+            ),
+            "memory_source": self.memory.source,
+            **self._energy(windows),
             "method": method_stats,
             # what a leaderboard shows of the method's statistics, chosen by the method itself
             "method_columns": self._summary_columns(method_stats),
+        }
+        return summary
+
+    def _energy(self, windows: list[Window]) -> dict[str, Any]:
+        metered = [w for w in windows if w.joules is not None]
+        joules = sum(w.joules for w in metered) if metered else None
+        output_tokens = sum(w.new_tokens for w in metered)
+        total_tokens = sum(w.total_tokens for w in metered)
+        unmetered = [w for w in windows if w.joules is None and w.energy_flag]
+        return {
+            "energy_joules": joules,
+            "joules_per_token": joules / output_tokens if joules is not None and output_tokens else None,
+            "joules_per_total_token": joules / total_tokens if joules is not None and total_tokens else None,
+            "energy_source": self.meter.source,
+            "energy_devices": list(self.meter.devices),
+            "energy_unavailable_reason": self.meter.reason,
+            "energy_unmetered_windows": len(unmetered),
+            "energy_unmetered_reason": unmetered[0].energy_flag if unmetered else None,
         }
 
     def annotate_samples(self, samples: dict[str, list[dict]], indices: dict | None = None) -> None:
@@ -196,26 +260,45 @@ class Recorder:
                     found = sorted(found, key=lambda r: r.request_index)
                     sample["decodebench"] = [rec.as_json() for rec in found]
 
+    def count_cached(self, requests_per_task: dict[str, int]) -> None:
+        """Requests lm-eval sent for each task that never reached this model came from its cache."""
+        generated = defaultdict(int)
+        for rec in self.records:
+            generated[rec.task] += 1
+        for task, total in requests_per_task.items():
+            if total > generated[task]:
+                self.cached_requests[task] = total - generated[task]
+
 
 class _OpenWindow:
     def __init__(self, recorder: Recorder, window: Window):
         self._recorder, self.window = recorder, window
 
     def __enter__(self) -> Window:
-        meter = self._recorder.meter
-        self._recorder._synchronize()
-        self._j0 = meter.read() if meter.available else None
+        recorder = self._recorder
+        recorder._synchronize()
+        recorder.memory.start()
+        self._j0 = recorder.meter.read() if recorder.meter.available else None
         self.window.started_at = time.perf_counter()
         return self.window
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self._recorder._synchronize()
-        t1 = time.perf_counter()
-        self.window.wall_s = t1 - self.window.started_at
+        recorder, window = self._recorder, self.window
+        recorder._synchronize()
+        window.wall_s = time.perf_counter() - window.started_at
+        window.peak_memory_bytes = recorder.memory.peak_bytes()
         if self._j0 is not None:
-            self.window.joules = self._recorder.meter.read() - self._j0
+            joules = recorder.meter.read() - self._j0
+            resolution = getattr(recorder.meter, "resolution_s", 0.0)
+            if window.wall_s < resolution or joules <= 0:
+                window.energy_flag = (
+                    f"a window of {window.wall_s:.3f} s, shorter than the counter's resolution ({resolution:.3f} s) "
+                    "or with no counter change: not metered, never read as 0 J"
+                )
+            else:
+                window.joules = joules
         if exc_type is None:
-            self._recorder._finish(self.window)
+            recorder._finish(window)
 
 
 def sum_numeric_stats(records: list[RequestRecord]) -> dict[str, Any]:

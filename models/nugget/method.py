@@ -111,11 +111,13 @@ class Nugget(RowDecodingMethod):
 
     def summarize(self, records) -> dict[str, Any]:
         compressed = [rec.method_stats for rec in records if "nuggets" in rec.method_stats]
+        after_prefill = [rec.method_stats["kv_bytes_at_decode_start"] for rec in records]
         summary: dict[str, Any] = {
             "selector": self.description,
             "compressed_requests": len(compressed),
             "uncompressed_requests": len(records) - len(compressed),
-            "kv_bytes_at_decode_start": sum(rec.method_stats.get("kv_bytes_at_decode_start", 0) for rec in records),
+            "kv_bytes_at_decode_start": sum(after_prefill),
+            "mean_kv_bytes_after_prefill": sum(after_prefill) / len(after_prefill) if after_prefill else None,
         }
         if compressed:
             document = sum(stats["document_tokens"] for stats in compressed)
@@ -130,8 +132,14 @@ class Nugget(RowDecodingMethod):
         return summary
 
     def summary_columns(self, stats: dict[str, Any]) -> dict[str, float | str]:
-        names = {"achieved_ratio": "compression", "document_kv_fraction_kept": "document KV kept"}
-        return {label: stats[key] for key, label in names.items() if key in stats}
+        columns = {
+            label: stats[key]
+            for key, label in (("achieved_ratio", "compression"), ("document_kv_fraction_kept", "document KV kept"))
+            if key in stats
+        }
+        if stats.get("mean_kv_bytes_after_prefill") is not None:
+            columns["KV after prefill (MiB)"] = stats["mean_kv_bytes_after_prefill"] / 2**20
+        return columns
 
 
 def _cache_bytes(cache) -> int:
