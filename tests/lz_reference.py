@@ -1,7 +1,10 @@
-"""A plain LZ penalty written straight from the paper's definitions; used only by the tests.
+"""Plain LZ codelengths written straight from their definitions; used only by the tests.
 
-One token, one candidate at a time, no tensors: Definition 7 (findLongestMatch), Propositions 1
-and 2 (LZSS codelengths) and cases I and II (eqs. 6-14), as documented in kernels/lz.py.
+One token, one candidate at a time, no tensors:
+- ``codelength``: the paper's Definition 7 (findLongestMatch), Propositions 1 and 2 (LZSS
+  codelengths) and cases I and II (eqs. 6-14), as documented in kernels/lz.py;
+- ``authors_codelength``: the authors' released SGLang penalizer as its code computes it, read
+  loop by loop: sources after a full buffer, length = common suffix + 1, cost = log2 distance.
 """
 
 from __future__ import annotations
@@ -50,3 +53,27 @@ def codelength(history: list[int], token: int, vocab_size: int, window: int, buf
 
 def codelengths(history: list[int], vocab_size: int, window: int, buffer: int) -> list[float]:
     return [codelength(history, a, vocab_size, window, buffer) for a in range(vocab_size)]
+
+
+def authors_codelength(history: list[int], token: int, vocab_size: int, window: int, buffer: int) -> float:
+    """Bits to emit ``token`` after ``history`` under the authors' penalizer (log2 V: no penalty)."""
+    w = history[-window:]
+    no_match = math.log2(vocab_size)
+    if len(w) <= buffer:  # no penalty before more than `buffer` tokens
+        return no_match
+    best = None  # (length, -distance): the longest match, then the nearest
+    for p in range(buffer, len(w)):  # a source follows a full buffer of history
+        if w[p] != token:
+            continue
+        suffix = 0
+        while suffix < buffer and w[p - 1 - suffix] == w[len(w) - 1 - suffix]:
+            suffix += 1
+        candidate = (suffix + 1, -(len(w) - p))
+        best = candidate if best is None or candidate > best else best
+    if best is None:
+        return no_match
+    return min(max(math.log2(-best[1]), 0.0), no_match)
+
+
+def authors_codelengths(history: list[int], vocab_size: int, window: int, buffer: int) -> list[float]:
+    return [authors_codelength(history, a, vocab_size, window, buffer) for a in range(vocab_size)]

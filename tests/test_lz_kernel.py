@@ -1,4 +1,5 @@
-"""The batched LZ kernel against the plain reference and hand-checked cases (paper, eq. 14)."""
+"""The batched LZ kernel against plain references (the paper's propositions; the authors' released
+penalizer) and hand-checked cases."""
 
 from __future__ import annotations
 
@@ -8,23 +9,25 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lz_reference import codelengths as reference
+from lz_reference import authors_codelengths, codelengths
 
-from decodebench.kernels.lz import apply_lz_penalty_, check_lz_sizes, left_pad, lz_codelengths
+from decodebench.kernels.lz import CODELENGTHS, apply_lz_penalty_, check_lz_sizes, left_pad, lz_codelengths
 
 V = 7
+REFERENCES = {"propositions": codelengths, "authors": authors_codelengths}
 
 
-def kernel(histories, vocab_size=V, window=16, buffer=4):
+def kernel(histories, vocab_size=V, window=16, buffer=4, codelength="propositions"):
     tokens, lengths = left_pad(histories)
-    return lz_codelengths(tokens, lengths, vocab_size, window, buffer)
+    return lz_codelengths(tokens, lengths, vocab_size, window, buffer, codelength)
 
 
 def assert_matches_reference(histories, vocab_size=V, window=16, buffer=4):
-    got = kernel(histories, vocab_size, window, buffer)
-    for row, history in enumerate(histories):
-        expected = reference(history, vocab_size, window, buffer)
-        assert got[row].tolist() == pytest.approx(expected, abs=1e-5), f"row {row}: history {history}"
+    for codelength in CODELENGTHS:
+        got = kernel(histories, vocab_size, window, buffer, codelength)
+        for row, history in enumerate(histories):
+            expected = REFERENCES[codelength](history, vocab_size, window, buffer)
+            assert got[row].tolist() == pytest.approx(expected, abs=1e-5), f"{codelength}, row {row}: {history}"
 
 
 sizes = st.integers(min_value=1, max_value=9).flatmap(
@@ -59,6 +62,23 @@ def test_adversarial_edges():
     assert_matches_reference([[], [3], [3, 3], [1, 2, 1, 2, 1], [5] * 40, list(range(V)) * 3], window=8, buffer=3)
     assert_matches_reference([[2, 2, 2]], window=5, buffer=4)  # shorter than the buffer
     assert_matches_reference([[1, 2, 3]], window=2, buffer=1)  # buffer 1: singletons only
+
+
+def test_the_authors_charge_the_distance_of_the_longest_match_and_nothing_before_a_full_buffer():
+    # At alpha 0.15 and V = 49,152, emitting the token that extends a match whose source is 256 back:
+    # the authors' penalty is alpha (log2 V - log2 256) = 1.14, the propositions' alpha (log2 V - 0) = 2.34
+    vocab, alpha = 49152, 0.15
+    # 40 tokens of history, then "7 8", 254 other tokens, and 7 again: emitting 8 repeats "7 8" 256 back
+    history = [*range(1000, 1040), 7, 8, *range(100, 354), 7]
+    authors = kernel([history], vocab, window=512, buffer=32, codelength="authors")[0, 8]
+    propositions = kernel([history], vocab, window=512, buffer=32, codelength="propositions")[0, 8]
+    assert alpha * (math.log2(vocab) - authors) == pytest.approx(1.14, abs=0.005)
+    assert alpha * (math.log2(vocab) - propositions) == pytest.approx(2.34, abs=0.005)
+    # no penalty (every token log2 V) until more than `buffer` tokens were generated
+    assert kernel([[1, 1, 1, 1]], V, window=16, buffer=4, codelength="authors")[0].tolist() == pytest.approx(
+        [math.log2(V)] * V
+    )
+    assert kernel([[1, 1, 1, 1, 1]], V, window=16, buffer=4, codelength="authors")[0, 1] == pytest.approx(0.0)
 
 
 def test_absent_tokens_cost_log2_v():
@@ -99,19 +119,21 @@ def test_apply_in_place_equals_dense_penalty_up_to_a_row_constant():
     tokens, lengths = left_pad(histories)
     logits = torch.randn(4, V)
     alpha = torch.tensor([0.15, 0.15, 0.5, 1.0])
-    dense = logits + alpha[:, None] * lz_codelengths(tokens, lengths, V, window=16, buffer=4)
-    applied = apply_lz_penalty_(logits.clone(), tokens, lengths, alpha, window=16, buffer=4)
-    shift = dense - applied
-    assert torch.allclose(shift, shift[:, :1].expand_as(shift), atol=1e-5)
-    assert torch.equal(dense.argmax(1), applied.argmax(1))
-    assert torch.allclose(dense.softmax(1), applied.softmax(1), atol=1e-6)
+    for codelength in CODELENGTHS:
+        dense = logits + alpha[:, None] * lz_codelengths(tokens, lengths, V, 16, 4, codelength)
+        applied = apply_lz_penalty_(logits.clone(), tokens, lengths, alpha, 16, 4, codelength)
+        shift = dense - applied
+        assert torch.allclose(shift, shift[:, :1].expand_as(shift), atol=1e-5)
+        assert torch.equal(dense.argmax(1), applied.argmax(1))
+        assert torch.allclose(dense.softmax(1), applied.softmax(1), atol=1e-6)
 
 
 def test_batched_rows_do_not_affect_each_other():
     histories = [[1, 2, 1, 2, 1], [5, 5, 5], [0, 1, 2, 3, 4, 5, 6, 0]]
-    together = kernel(histories, window=6, buffer=3)
-    for row, history in enumerate(histories):
-        assert torch.equal(together[row], kernel([history], window=6, buffer=3)[0])
+    for codelength in CODELENGTHS:
+        together = kernel(histories, window=6, buffer=3, codelength=codelength)
+        for row, history in enumerate(histories):
+            assert torch.equal(together[row], kernel([history], window=6, buffer=3, codelength=codelength)[0])
 
 
 @pytest.mark.parametrize(
@@ -133,5 +155,5 @@ def test_memory_is_not_batch_times_window_times_vocab():
     # 64 rows x 512 window x V=131072 as int32 would be 17 GB; the kernel stays near N x V.
     histories = torch.randint(0, 131072, (64, 544))
     lengths = torch.full((64,), 544)
-    costs = lz_codelengths(histories, lengths, 131072, window=512, buffer=32)
+    costs = lz_codelengths(histories, lengths, 131072, 512, 32, "authors")
     assert costs.shape == (64, 131072)

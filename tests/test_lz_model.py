@@ -38,16 +38,21 @@ def generate(model, tokenizer, processors, new_tokens=40):
     return out[0, ids.shape[1] :].tolist(), ids.shape[1]
 
 
-def lz(strength: float) -> LZConfig:
-    return LZConfig.parse({"strength": strength})[0]
+def lz(strength: float, **args) -> LZConfig:
+    return LZConfig.parse({"strength": strength, **args})[0]
 
 
 def test_strong_lz_penalty_forbids_every_token_already_in_the_window(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
     plain, width = generate(model, tokenizer, [])
     assert len(set(plain)) < len(plain), "greedy decoding of this model should repeat itself"
-    penalized, _ = generate(model, tokenizer, [LZPenaltyLogitsProcessor(lz(100.0), width)])
+    penalized, _ = generate(model, tokenizer, [LZPenaltyLogitsProcessor(lz(100.0, codelength="propositions"), width)])
     assert len(set(penalized)) == len(penalized)
+    # the authors' penalizer: a token can come back only if its earlier copy has no full buffer before it
+    authors, _ = generate(model, tokenizer, [LZPenaltyLogitsProcessor(lz(100.0, buffer=4), width)])
+    for position, token in enumerate(authors):
+        earlier = [p for p in range(position) if authors[p] == token]
+        assert all(p < 4 for p in earlier), (position, authors)
 
 
 def test_zero_strength_changes_nothing_and_default_strength_changes_a_loop(model_and_tokenizer):

@@ -10,7 +10,7 @@ import random
 
 import pytest
 import torch
-from lz_reference import codelengths
+from lz_reference import authors_codelengths, codelengths
 
 pytestmark = pytest.mark.vllm
 
@@ -49,24 +49,24 @@ class PersistentBatch:
             if index is None:
                 index = len(self.rows)
                 self.rows.append(None)
-            settings = None
+            config = None
             if rng.random() < 0.7:  # some requests ask for the penalty, others do not
                 config = LZConfig(
                     strength=rng.choice([0.15, 1.0, 3.0]),
                     window=rng.choice([6, 12]),
                     buffer=rng.choice([2, 3]),
                     include_prompt=rng.random() < 0.5,
+                    codelength=rng.choice(["authors", "propositions"]),
                 )
-                settings = lz_extra_args(config)
             request = {
                 "id": self.serial,
                 "prompt": [rng.randrange(V) for _ in range(rng.randint(0, 8))],
                 "output": [],
-                "settings": settings,
+                "config": config,
             }
             self.serial += 1
             self.rows[index] = request
-            params = SamplingParams(extra_args=settings)
+            params = SamplingParams(extra_args=lz_extra_args(config) if config else None)
             self.builder.added.append((index, params, request["prompt"], request["output"]))
         while self.builder.has_removed():  # condense: the last occupied row fills the lowest hole
             hole = self.builder.peek_removed()
@@ -86,20 +86,21 @@ class PersistentBatch:
 
 
 def expected_row(request: dict, logits: torch.Tensor) -> torch.Tensor:
-    """The penalty for one request alone, from the plain reference of the paper's definitions."""
-    settings = (request["settings"] or {}).get("lz_penalty")
-    if not settings or settings["strength"] == 0:
+    """The penalty for one request alone, from the plain references of each codelength's definition."""
+    config = request["config"]
+    if config is None or config.strength == 0:
         return logits
-    history = (request["prompt"] if settings["include_prompt"] else []) + request["output"]
-    history = history[-settings["window"] :]
+    history = (request["prompt"] if config.include_prompt else []) + request["output"]
+    history = history[-config.window :]
     if not history:
         return logits
-    costs = torch.tensor(codelengths(history, V, settings["window"], settings["buffer"]))
+    reference = authors_codelengths if config.codelength == "authors" else codelengths
+    costs = torch.tensor(reference(history, V, config.window, config.buffer))
     present = torch.zeros(V, dtype=torch.bool)
     present[history] = True
     # absent tokens all cost log2 V: the processor leaves them alone (a constant shift per row)
     delta = torch.where(present, costs - math.log2(V), torch.zeros(V))
-    return logits + settings["strength"] * delta
+    return logits + config.strength * delta
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -129,7 +130,16 @@ def test_bad_per_request_settings_are_refused_with_the_allowed_ones():
 
     from decodebench.models.lz.vllm_processor import LZPenaltyLogitsProcessor
 
-    with pytest.raises(ValueError, match="unknown lz_penalty settings"):
-        LZPenaltyLogitsProcessor.validate_params(SamplingParams(extra_args={"lz_penalty": {"alpha": 1}}))
+    def check(**extra):
+        LZPenaltyLogitsProcessor.validate_params(SamplingParams(extra_args=extra))
+
+    with pytest.raises(ValueError, match=r"unknown LZ penalty settings \['lz_alpha'\]"):
+        check(lz_penalty=0.15, lz_alpha=1)
     with pytest.raises(ValueError, match=r"strength=-1\.0: must be >= 0"):
-        LZPenaltyLogitsProcessor.validate_params(SamplingParams(extra_args={"lz_penalty": {"strength": -1.0}}))
+        check(lz_penalty=-1.0)
+    with pytest.raises(ValueError, match="without lz_penalty"):
+        check(lz_window=64)
+    with pytest.raises(ValueError, match="codelength='paper' is not allowed"):
+        check(lz_penalty=0.15, lz_codelength="paper")
+    check(other_processor_setting=1)  # keys of other processors are none of ours
+    check(lz_penalty=0.15, lz_window=64, lz_include_prompt="true")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from decodebench.kernels.lz import check_lz_sizes
+from decodebench.kernels.lz import CODELENGTHS, check_lz_sizes
 from decodebench.models.config import MethodConfig, at_least, option
 
 PENALTIES = ("lz", "frequency", "repetition", "none")
@@ -28,6 +28,12 @@ class LZConfig(MethodConfig):
     window: int = option(512, "LZ window: how many past tokens the compressor searches", check=at_least(2))
     buffer: int = option(32, "LZ look-ahead buffer: the longest match, in tokens", check=at_least(1))
     include_prompt: bool = option(False, "let the LZ window see the prompt, not only generated tokens")
+    codelength: str = option(
+        "authors",
+        "authors: the authors' released SGLang penalizer (the longest match's distance; it produced the published "
+        "results); propositions: the paper's propositions 1-2 and eq. 14 (a match's extension charged by its length)",
+        choices=CODELENGTHS,
+    )
 
     def validated(self) -> LZConfig:
         strength = DEFAULT_STRENGTH[self.penalty] if self.strength is None else self.strength

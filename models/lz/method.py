@@ -48,10 +48,11 @@ class LZ(Method):
 
     # -- vLLM -----------------------------------------------------------------------------------
     def vllm_logits_processors(self) -> list[type]:
-        if self.config.penalty != "lz":
-            return []
-        from decodebench.models.lz.vllm_processor import LZPenaltyLogitsProcessor
+        from decodebench.models.lz.vllm_processor import LZPenaltyLogitsProcessor, loaded_by_vllm
 
+        # installed, decodebench registers the processor with vLLM, which loads it into every engine
+        if self.config.penalty != "lz" or loaded_by_vllm():
+            return []
         return [LZPenaltyLogitsProcessor]
 
     def vllm_sampling_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:

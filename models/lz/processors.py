@@ -16,24 +16,25 @@ from decodebench.models.lz.config import LZConfig
 
 
 class LZPenaltyLogitsProcessor(LogitsProcessor):
-    """The LZ penalty: ``logits += alpha * LZSS codelength`` (kernels/lz.py, paper eq. 3 and 14).
+    """The LZ penalty: ``logits += alpha * LZSS codelength`` (kernels/lz.py, paper eq. 3).
 
     The window holds the generated tokens only, unless ``prompt_lengths`` is given: then the
     prompt's tokens (``prompt_lengths[i]`` real tokens at the end of row i's left-padded prompt)
     come first, as if they had been generated.
 
     Args:
-        config: strength (alpha), window and buffer (checked by ``LZConfig``).
+        config: strength (alpha), window, buffer and codelength (checked by ``LZConfig``).
         prompt_width: columns of ``input_ids`` taken by the (left-padded) prompts.
         prompt_lengths: per-row real prompt lengths [B], to include the prompt in the window.
     """
 
     def __init__(self, config: LZConfig, prompt_width: int, prompt_lengths: torch.Tensor | None = None):
-        self.alpha, self.window, self.buffer = config.strength, config.window, config.buffer
+        self.config = config
         self.prompt_width = prompt_width
         self.prompt_lengths = prompt_lengths
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        config = self.config
         generated = input_ids.shape[1] - self.prompt_width
         if self.prompt_lengths is None:
             history = input_ids[:, self.prompt_width :]
@@ -41,7 +42,10 @@ class LZPenaltyLogitsProcessor(LogitsProcessor):
         else:
             history = input_ids
             lengths = self.prompt_lengths.to(input_ids.device) + generated
-        return apply_lz_penalty_(scores, history[:, -self.window :], lengths, self.alpha, self.window, self.buffer)
+        history = history[:, -config.window :]
+        return apply_lz_penalty_(
+            scores, history, lengths, config.strength, config.window, config.buffer, config.codelength
+        )
 
 
 class FrequencyPenaltyLogitsProcessor(LogitsProcessor):
