@@ -11,7 +11,8 @@ Each hook is a generator with one ``yield``, run around the execution of one lm-
   override ours);
 - ``attach_sample_measurements`` (after ``lm_eval.evaluator``): per-request measurements
   (tokens, latency, energy, method statistics) are added to each logged sample, so
-  ``--log_samples`` files carry them;
+  ``--log_samples`` files carry them; and a decodebench model's ``--gen_kwargs`` are checked
+  before the model loads (a NaN temperature, sampling at temperature 0);
 - ``readable_model_name`` (after ``lm_eval.loggers.evaluation_tracker``): a decodebench model run
   without ``pretrained`` (the embedded model) writes to ``OUTPUT/embedded/`` instead of a folder
   named by a random id, as for ``pretrained=embedded``;
@@ -103,6 +104,7 @@ def add_task_folder(manager_module):
 
 def attach_sample_measurements(evaluator_module):
     yield
+    check_cli_generation_kwargs(evaluator_module)
     original = evaluator_module.evaluate
     if getattr(original, _PATCHED, False):
         return
@@ -123,6 +125,32 @@ def attach_sample_measurements(evaluator_module):
 
     setattr(evaluate, _PATCHED, True)
     evaluator_module.evaluate = evaluate
+
+
+def check_cli_generation_kwargs(evaluator_module):
+    """``--gen_kwargs`` of a decodebench model is checked before the model loads (models/generation.py)."""
+    original = evaluator_module.simple_evaluate
+    if getattr(original, _PATCHED, False):
+        return
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def simple_evaluate(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        gen_kwargs, model = bound.arguments.get("gen_kwargs"), bound.arguments.get("model")
+        from decodebench.models.registry import methods
+
+        if gen_kwargs and isinstance(model, str) and model in methods():
+            from lm_eval.utils import simple_parse_args_string
+
+            from decodebench.models.generation import check_generation_kwargs
+
+            parsed = simple_parse_args_string(gen_kwargs) if isinstance(gen_kwargs, str) else gen_kwargs
+            check_generation_kwargs(parsed, "--gen_kwargs")
+        return original(*args, **kwargs)
+
+    setattr(simple_evaluate, _PATCHED, True)
+    evaluator_module.simple_evaluate = simple_evaluate
 
 
 def _generation_requests(evaluator_module, task_dict) -> dict[str, int]:

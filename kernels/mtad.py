@@ -2,9 +2,10 @@
 
 MTAD (Qin et al., "Optimized multi-token joint decoding with auxiliary model", section 3.2 and
 Algorithm 1) verifies a *joint* likelihood: the auxiliary model drafts ``x_1..x_gamma`` by beam
-search, the target scores every draft prefix in one forward pass, and the longest prefix ``j``
-with ``min(1, p(x_1..j) / q(x_1..j)) > tau`` is accepted (not per token, and not stopping at the
-first prefix that fails: Algorithm 1, lines 6-13). One more token then comes from the target.
+sampling (section 2.2; deterministic beam search when decoding greedily), the target scores every
+draft prefix in one forward pass, and the longest prefix ``j`` with
+``min(1, p(x_1..j) / q(x_1..j)) > tau`` is accepted (not per token, and not stopping at the first
+prefix that fails: Algorithm 1, lines 6-13). One more token then comes from the target.
 
 Speculative sampling (Leviathan et al. 2023; Chen et al. 2023) accepts draft token ``i`` with
 probability ``min(1, p_i / q_i)`` until the first rejection, then samples from
@@ -54,6 +55,28 @@ def beam_step(beam_scores: torch.Tensor, logprobs: torch.Tensor, width: int):
     joint = (beam_scores[:, None] + logprobs).reshape(-1)
     width = min(width, int(torch.isfinite(joint).sum().item()) or 1)
     scores, flat = torch.topk(joint, width)
+    vocab = logprobs.shape[-1]
+    return scores, torch.div(flat, vocab, rounding_mode="floor"), flat % vocab
+
+
+def beam_sample_step(beam_scores: torch.Tensor, logprobs: torch.Tensor, width: int, generator=None):
+    """One step of beam *sampling* (section 2.2): ``width`` (beam, token) extensions drawn without
+    replacement from ``p_beam(x_1..t) ∝ p(x_1..t-1) p(x_t | x_1..t-1)``, the joint over all beams.
+
+    Args:
+        beam_scores: [W] joint log-likelihood of each live beam.
+        logprobs: [W, V] (warped) next-token log-probabilities of each beam.
+    Returns:
+        (scores [w], parent beam [w], token [w]) of the drawn beams, highest joint first
+        (w = ``width``, or fewer when fewer extensions have a non-zero probability).
+    """
+    joint = (beam_scores[:, None] + logprobs).reshape(-1)
+    finite = torch.isfinite(joint)
+    width = min(width, int(finite.sum().item()) or 1)
+    weights = torch.where(finite, (joint - joint[finite].max()).exp(), torch.zeros_like(joint))
+    drawn = torch.multinomial(weights, width, replacement=False, generator=generator)
+    scores, order = joint[drawn].sort(descending=True)
+    flat = drawn[order]
     vocab = logprobs.shape[-1]
     return scores, torch.div(flat, vocab, rounding_mode="floor"), flat % vocab
 

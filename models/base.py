@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -56,6 +57,8 @@ class Method:
     label: ClassVar[str] = ""  # what it is: the paper's method, a variant, a peer
     Config: ClassVar[type[MethodConfig]] = MethodConfig
     backends: ClassVar[tuple[str, ...]] = ("hf",)
+    # Sampling settings a sampling task that sets none of its own gets (the paper's, when it says)
+    sampling_defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, config: MethodConfig | None = None):
         self.config = config if config is not None else self.Config.defaults()
@@ -143,7 +146,17 @@ def resolve_pretrained(pretrained: Any) -> tuple[Any, bool]:
         from decodebench.embedded import ensure_embedded_model
 
         return str(ensure_embedded_model(log=log.info)), True
+    if isinstance(pretrained, str) and not os.path.exists(os.path.expanduser(pretrained)) and _is_path(pretrained):
+        raise FileNotFoundError(
+            f"pretrained={pretrained!r}: no such path. Allowed: a local checkpoint folder, a hub id "
+            "(name or org/name) in the local cache, or nothing (or 'embedded') for the embedded model"
+        )
     return pretrained, False
+
+
+def _is_path(name: str) -> bool:
+    """A name that can only be a file system path (a hub id is ``name`` or ``org/name``)."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name
 
 
 class DecodeBenchLM:
@@ -198,6 +211,21 @@ def group_by_task(requests) -> list[tuple[str, list[int]]]:
     for position, request in enumerate(requests):
         groups.setdefault(request.task_name, []).append(position)
     return list(groups.items())
+
+
+def check_requests(requests) -> None:
+    """Every request's generation settings, checked before the first one runs (no run is lost midway)."""
+    import json
+
+    from decodebench.models.generation import check_generation_kwargs
+
+    seen = set()
+    for request in requests:
+        gen_kwargs = request.args[1]
+        key = json.dumps(gen_kwargs, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            check_generation_kwargs(gen_kwargs, f"task {request.task_name} generation_kwargs")
 
 
 def check_complete(results: list[str | None]) -> list[str]:

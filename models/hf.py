@@ -27,7 +27,15 @@ from transformers.generation.streamers import BaseStreamer
 
 from decodebench.measure.energy import open_meter
 from decodebench.measure.memory import open_memory_meter
-from decodebench.models.base import DecodeBenchLM, Method, check_complete, group_by_task, resolve_pretrained
+from decodebench.models.base import (
+    DecodeBenchLM,
+    Method,
+    check_complete,
+    check_requests,
+    group_by_task,
+    resolve_pretrained,
+)
+from decodebench.models.generation import decoding_record
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +104,30 @@ class HFBackend(DecodeBenchLM, HFLM):
         return sorted((named - {"self", "backend"}) | set(FROM_PRETRAINED_PASSTHROUGH))
 
     # -- decoding ---------------------------------------------------------------------------
+    def decoding_settings(self, kwargs: dict[str, Any], method_defaults: dict[str, Any]) -> dict[str, Any]:
+        """How ``model.generate`` decodes with ``kwargs``, as a ``decoding_record``.
+
+        transformers' precedence: the request's settings, then the method's defaults (MTAD's
+        Appendix F warping), then the model's ``generation_config``, then transformers' own
+        defaults (top-k 50 when sampling). Row-decoding methods sample from these same settings,
+        so a method and its baseline sample from the same distribution.
+        """
+        if not kwargs.get("do_sample"):
+            return decoding_record(False)
+        from transformers import GenerationConfig
+
+        # transformers fills what neither the request nor the model sets from these (generation/utils.py)
+        global_defaults = GenerationConfig._get_default_generation_params()
+        model_config = self._model.generation_config
+
+        def setting(key: str):
+            for source in (kwargs, method_defaults, {key: getattr(model_config, key, None)}, global_defaults):
+                if source.get(key) is not None:
+                    return source[key]
+            return None
+
+        return decoding_record(True, setting("temperature"), setting("top_k"), setting("top_p"))
+
     def generate_batch(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, stop: list[str], max_new_tokens: int, kwargs
     ) -> DecodeOutput:
@@ -118,6 +150,7 @@ class HFBackend(DecodeBenchLM, HFLM):
         results: list[str | None] = [None] * len(requests)
         eos = self.tok_decode(self.eot_token_id, skip_special_tokens=False)
         recorder = self.decodebench_recorder
+        check_requests(requests)
         pbar = tqdm(
             total=len(requests),
             disable=disable_tqdm or self.rank != 0,
@@ -143,8 +176,15 @@ class HFBackend(DecodeBenchLM, HFLM):
                 input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
                 max_length = kwargs.pop("max_length", input_ids.shape[1] + max_gen_toks)
                 max_new_tokens = max_length - input_ids.shape[1]
+                decoding = self.decoding_settings(kwargs, self.method.sampling_defaults)
+                if decoding["do_sample"]:  # explicit, so that what runs is what the results say
+                    kwargs.update(
+                        temperature=decoding["temperature"],
+                        top_k=decoding["top_k"] or 0,
+                        top_p=decoding["top_p"] or 1.0,
+                    )
 
-                with recorder.open(task) as window:
+                with recorder.open(task, decoding=decoding) as window:
                     out = self.method.hf_decode(
                         self, input_ids, attention_mask, stop=until, max_new_tokens=max_new_tokens, kwargs=kwargs
                     )

@@ -2,8 +2,10 @@
 
 ``RowDecodingMethod.hf_decode`` strips each row's left padding and calls the method's
 ``decode_row(lm, prompt, stop, sampler)``, which returns (new tokens, statistics, first-token
-timestamp). ``RowStop`` holds HFLM's stopping rules for one row; ``Sampler`` holds the task's
-sampling settings and warps logits with transformers' own temperature, top-k and top-p
+timestamp). ``RowStop`` holds HFLM's stopping rules for one row; ``Sampler`` holds the sampling
+settings ``model.generate`` would use (``HFBackend.decoding_settings``: the task's, the method's,
+the model's and transformers' defaults, in that order), so that a row-decoding method samples
+from the distribution its baseline samples from, and warps logits with transformers' own temperature, top-k and top-p
 processors (the order of Appendix F: temperature, then top-k, then top-p).
 """
 
@@ -28,18 +30,11 @@ class Sampler:
     generator: torch.Generator | None = None
 
     @classmethod
-    def from_gen_kwargs(
-        cls, kwargs: dict, generator: torch.Generator | None, top_k: int | None = None, top_p: float | None = None
-    ) -> Sampler | None:
-        """None for greedy decoding, else the task's settings (``top_k``/``top_p``: defaults when it sets none)."""
-        if not kwargs.get("do_sample"):
+    def from_decoding(cls, decoding: dict, generator: torch.Generator | None) -> Sampler | None:
+        """None for greedy decoding, else the settings of a ``decoding_record`` (the backend's, defaults included)."""
+        if not decoding["do_sample"]:
             return None
-        return cls(
-            temperature=float(kwargs.get("temperature") or 1.0),
-            top_k=kwargs.get("top_k", top_k),
-            top_p=kwargs.get("top_p", top_p),
-            generator=generator,
-        )
+        return cls(decoding["temperature"], decoding["top_k"], decoding["top_p"], generator)
 
     def _warpers(self) -> LogitsProcessorList:
         warpers = LogitsProcessorList()
@@ -95,16 +90,13 @@ class RowStop:
 class RowDecodingMethod(Method):
     """A method that decodes each row of a batch with its own loop (the papers' batch-1 setting)."""
 
-    # Sampling defaults when a sampling task sets no top-k/top-p (None: no such warping).
-    default_top_k: int | None = None
-    default_top_p: float | None = None
     generator: torch.Generator | None = None
 
     def decode_row(self, lm, prompt: list[int], stop: RowStop, sampler: Sampler | None):
         raise NotImplementedError
 
     def hf_decode(self, lm, input_ids, attention_mask, *, stop, max_new_tokens, kwargs) -> DecodeOutput:
-        sampler = Sampler.from_gen_kwargs(kwargs, self.generator, self.default_top_k, self.default_top_p)
+        sampler = Sampler.from_decoding(lm.decoding_settings(kwargs, self.sampling_defaults), self.generator)
         rows, stats, first = [], [], None
         for row in range(input_ids.shape[0]):
             prompt = input_ids[row][attention_mask[row].bool()].tolist()

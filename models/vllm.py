@@ -26,7 +26,15 @@ from vllm import EngineArgs, SamplingParams
 
 from decodebench.measure.energy import open_meter
 from decodebench.measure.memory import NoMemory
-from decodebench.models.base import DecodeBenchLM, Method, check_complete, group_by_task, resolve_pretrained
+from decodebench.models.base import (
+    DecodeBenchLM,
+    Method,
+    check_complete,
+    check_requests,
+    group_by_task,
+    resolve_pretrained,
+)
+from decodebench.models.generation import decoding_record
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +74,7 @@ class VLLMBackend(DecodeBenchLM, VLLM):
         results: list[str | None] = [None] * len(requests)
         eos = self.tokenizer.decode(self.eot_token_id) or getattr(self.tokenizer, "eos_token", None)
         recorder = self.decodebench_recorder
+        check_requests(requests)
         for task, positions in group_by_task(requests):
             size = self.batch_size if isinstance(self.batch_size, int) else len(positions)
             for batch in (positions[i : i + size] for i in range(0, len(positions), size)):
@@ -81,6 +90,8 @@ class VLLMBackend(DecodeBenchLM, VLLM):
                         max_model_len=self.max_length,
                         side=self.truncation_side,
                     )
+                    if kwargs.get("temperature", 0) > 0:  # sampling: the method's defaults where the task sets none
+                        kwargs = {**self.method.sampling_defaults, **kwargs}
                     kwargs = self.method.vllm_sampling_kwargs(kwargs)
                     # With a reasoning model only EOS goes to the engine; task stops are applied
                     # to the answer after the thinking part (as lm-eval's VLLM does).
@@ -90,7 +101,7 @@ class VLLMBackend(DecodeBenchLM, VLLM):
                     stops.append(until)
                 with recorder.open(task) as window:
                     outputs = self._model_generate(requests=prompts, generate=True, sampling_params=params)
-                for output, position, until in zip(outputs, batch, stops, strict=True):
+                for output, position, until, param in zip(outputs, batch, stops, params, strict=True):
                     completion = output.outputs[0]
                     text = postprocess_generated_text(completion.text, until, self.think_end_token)
                     metrics = getattr(output, "metrics", None)
@@ -103,6 +114,7 @@ class VLLMBackend(DecodeBenchLM, VLLM):
                         batch_size=len(batch),
                         ttft_s=ttft,
                         text=text,
+                        decoding=decoding_record(param.temperature > 0, param.temperature, param.top_k, param.top_p),
                     )
                     results[position] = text
                     self.cache_hook.add_partial("generate_until", requests[position].args, text)

@@ -149,6 +149,9 @@ def comparison_key(run: Run, task: TaskResult) -> tuple:
         task.name,
         json.dumps(task.config, sort_keys=True, default=str),
         json.dumps(run.settings, sort_keys=True, default=str),
+        # how it was decoded after every default (a baseline sampling with top-k 50 is no baseline
+        # for a method that samples with top-k 20)
+        json.dumps((task.measurement or {}).get("decoding"), sort_keys=True),
     )
 
 
@@ -167,7 +170,7 @@ def find_baseline(run: Run, task: TaskResult, runs: list[Run]) -> tuple[Run | No
     if not matching:
         return None, (
             "no baseline of the same model, backend, machine and task configuration (generation kwargs, few-shot, "
-            "--limit, chat template) in the report"
+            "--limit, chat template, decoding settings) in the report"
         )
     return max(matching, key=lambda other: other.date or ""), None
 

@@ -109,5 +109,7 @@ def test_lm_eval_runs_a_penalty_and_records_its_arguments(tiny_checkpoint, tmp_p
         "window": 512,
         "buffer": 32,
         "include_prompt": False,
+        "codelength": "authors",
     }
     assert info["tasks"]["squad_mini"]["requests"] == 2
+    assert info["tasks"]["squad_mini"]["decoding"] == [{"do_sample": False}]  # squad_mini decodes greedily

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -136,3 +137,102 @@ def test_log_space_avoids_underflow():
     target = torch.full((1, 4), math.log(1e-90), dtype=torch.float64)
     joint_q = torch.cumsum(torch.full((1, 4), math.log(1e-90), dtype=torch.float64), dim=-1)
     assert mtad_accept_length(target, joint_q, 0.5).tolist() == [4]  # ratios are 1 even though p, q ~ 1e-360
+
+
+def warp_by_hand(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> list[float]:
+    """Appendix F's warping written out: temperature, keep the top-k, then the smallest set whose mass
+    reaches top_p; probabilities of one row, as plain floats."""
+    probs = torch.softmax(logits.double() / temperature, dim=-1).tolist()
+    order = sorted(range(len(probs)), key=lambda i: -probs[i])[:top_k]
+    mass = sum(probs[i] for i in order)
+    kept, running = [], 0.0
+    for i in order:
+        kept.append(i)
+        running += probs[i] / mass
+        if running >= top_p:
+            break
+    total = sum(probs[i] for i in kept)
+    return [probs[i] / total if i in kept else 0.0 for i in range(len(probs))]
+
+
+def algorithm_1(target_probs: list[list[float]], draft: list[int], draft_joint_q: list[float], tau: float) -> int:
+    """Algorithm 1, lines 6-13, as printed: the longest prefix with tau < min(1, p/q)."""
+    p, eta = 1.0, 0
+    for i, token in enumerate(draft):
+        p *= target_probs[i][token]
+        if tau < min(1.0, p / draft_joint_q[i]):
+            eta = i + 1
+    return eta
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_mtad_accepts_the_prefixes_of_a_plain_algorithm_1_loop_with_warped_p_and_q(greedy):
+    """p warped like q under sampling (top-k 20, top-p 0.9), one-hot p when decoding greedily."""
+    from decodebench.models.mtad.config import MTADConfig
+    from decodebench.models.mtad.drafts import Draft
+    from decodebench.models.mtad.modes import MTADAcceptance
+
+    generator = torch.Generator().manual_seed(1)
+    sampler = None if greedy else Sampler(temperature=1.0, top_k=20, top_p=0.9, generator=generator)
+    mode = MTADAcceptance(MTADConfig(tau=0.1))
+    agree = 0
+    for _ in range(400):
+        logits = torch.randn(5, 60, generator=generator) * 3
+        target = []
+        for row in logits:
+            if greedy:
+                target.append([float(i == int(row.argmax())) for i in range(60)])
+            else:
+                target.append(warp_by_hand(row, 1.0, 20, 0.9))
+        # a draft that partly follows the target, with a warped draft model's joint q
+        draft = [
+            max(range(60), key=lambda i: target[i_][i])
+            if torch.rand(1, generator=generator) < 0.7
+            else int(torch.randint(60, (1,), generator=generator))
+            for i_ in range(4)
+        ]
+        q_tokens = torch.rand(4, generator=generator).clamp(min=0.05).tolist()
+        joint_q = list(np.cumprod(q_tokens))
+        kept, _ = mode.accept(logits, Draft(draft, [math.log(q) for q in joint_q]), sampler)
+        agree += kept == algorithm_1(target, draft, joint_q, 0.1)
+    assert agree == 400
+
+
+def test_speculative_sampling_with_a_fixed_draft_keeps_the_target_distribution():
+    """A prompt-lookup or infini-gram draft is chosen, not sampled: its q is one-hot, and every
+    emitted token still follows the (warped) target distribution."""
+    from decodebench.models.mtad.config import MTADConfig
+    from decodebench.models.mtad.drafts import Draft
+    from decodebench.models.mtad.modes import SpeculativeSampling
+
+    generator = torch.Generator().manual_seed(2)
+    sampler = Sampler(temperature=1.0, top_k=4, top_p=1.0, generator=generator)
+    mode = SpeculativeSampling(MTADConfig(mode="speculative"))
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0], [0.0, 1.0, 2.0, 0.5, 0.1, 0.0]])
+    first, accepted = [], 0
+    for _ in range(4000):
+        kept, following = mode.accept(logits, Draft([1], [0.0]), sampler)  # the fixed draft proposes token 1
+        first.append(1 if kept else following)
+        accepted += kept
+    counts = torch.bincount(torch.tensor(first), minlength=6).double()
+    p = sampler.logprobs(logits[0]).exp()
+    assert counts[4:].sum() == 0  # outside the top-4: never emitted
+    assert chisquare(counts[:4], expected(p[:4], counts[:4])).pvalue > 1e-3
+    assert abs(accepted / 4000 - float(p[1])) < 0.03  # the draft token is kept with probability p(1)
+
+
+def test_beam_sampling_draws_from_the_joint_and_returns_the_best_drawn_beam_first():
+    from decodebench.kernels.mtad import beam_sample_step
+
+    generator = torch.Generator().manual_seed(3)
+    logq = torch.log(torch.tensor([[0.5, 0.3, 0.2, 0.0]]))
+    draws = torch.stack([beam_sample_step(torch.zeros(1), logq, 1, generator)[2] for _ in range(5000)]).flatten()
+    counts = torch.bincount(draws, minlength=4).double()
+    assert counts[3] == 0 and chisquare(counts[:3], expected(logq.exp()[0, :3], counts[:3])).pvalue > 1e-3
+    scores, parents, tokens = beam_sample_step(
+        torch.tensor([-0.1, -2.0]), torch.log_softmax(torch.randn(2, 9), -1), 4, generator
+    )
+    assert len(set(zip(parents.tolist(), tokens.tolist(), strict=True))) == 4  # without replacement
+    assert torch.equal(scores, scores.sort(descending=True).values)
+    one, _, _ = beam_sample_step(torch.zeros(1), logq, 8, generator)
+    assert len(one) == 3  # only 3 extensions have a non-zero probability

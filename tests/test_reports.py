@@ -33,6 +33,7 @@ def results_file(
     max_gen_toks=64,
     batch_size=1,
     extra_metrics=None,
+    decoding=None,
 ) -> Path:
     """A results JSON in lm-eval 0.4.13's schema, as decodebench's models write it, and its samples log.
 
@@ -61,6 +62,7 @@ def results_file(
             "degenerate_rate": 0.25,
             "method": {"block_efficiency": 2.5} if method == "mtad" else {},
             "method_columns": {"block efficiency": 2.5} if method == "mtad" else {},
+            "decoding": [decoding or {"do_sample": False}],
         }
         configs[task] = {"generation_kwargs": {"until": [], "max_gen_toks": max_gen_toks, "do_sample": False}}
         lines = [
@@ -166,6 +168,20 @@ def test_a_baseline_with_another_configuration_is_never_used(tmp_path):
     other_batch = next(r for r in rows if r["batch_size"] == 8)
     assert other_batch["metrics"]["normalized_accuracy"]["vs_baseline"] is not None  # quality pairs up
     assert other_batch["speed_ratio_vs_baseline"] is None and "batch size 1" in other_batch["speed_note"]
+
+
+def test_a_baseline_that_sampled_otherwise_is_never_used(tmp_path):
+    """Same task kwargs, but the method's defaults (MTAD's top-k 20) made it sample another distribution."""
+    sampled = {"do_sample": True, "temperature": 1.0, "top_p": None}
+    results_file(
+        tmp_path / "baseline", "baseline", {"squad_mini": (BASE, 100, 10.0)}, decoding={**sampled, "top_k": 50}
+    )
+    results_file(tmp_path / "mtad", "mtad", {"squad_mini": (BETTER, 100, 5.0)}, decoding={**sampled, "top_k": 20})
+    write_report([tmp_path], tmp_path / "board")
+    rows = json.loads((tmp_path / "board" / "leaderboard.json").read_text())["tasks"]["squad_mini"]
+    mtad = next(r for r in rows if r["method"] == "mtad")
+    assert mtad["baseline"] is None and "decoding settings" in mtad["baseline_note"]
+    assert mtad["speed_ratio_vs_baseline"] is None
 
 
 def test_a_run_without_samples_has_no_interval_and_says_so(tmp_path):

@@ -135,6 +135,7 @@ def test_lz_model_runs_through_lm_eval_on_vllm_and_is_measured(embedded_checkpoi
     assert info["backend"] == "vllm" and info["method"] == "lz" and info["method_args"]["strength"] == 0.15
     stats = info["tasks"]["squad_mini"]
     assert stats["requests"] == 6 and stats["new_tokens"] > 0 and stats["tokens_per_second"] > 0
+    assert stats["decoding"] == [{"do_sample": False}]
     samples = read_samples(out, "squad_mini")
     assert all(s["decodebench"][0]["new_tokens"] >= 1 for s in samples)
     assert sum(bool(s["resps"][0][0].strip()) for s in samples) >= 5, "vLLM should answer the questions"

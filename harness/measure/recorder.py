@@ -21,6 +21,8 @@ Definitions (the README's "Measurements" section shows them to users):
   energy split by new tokens: an attribution, not a measurement. A window shorter than the
   counter's resolution, or in which the counter did not move, is not metered: it is counted in
   ``energy_unmetered_windows`` and left out, never read as 0 J.
+- ``decoding``: how the task's requests were decoded, as the backend ran them: greedy, or the
+  temperature, top-k and top-p after every default (the method's, the model's, the library's).
 - ``cached_requests``: requests lm-eval answered from its cache (``--use_cache``); they are not in
   any speed, latency, memory or energy figure.
 - ``repetition``: the LZ paper's degenerate-repetition check of each returned text (a unit
@@ -60,6 +62,7 @@ class RequestRecord:
     joules: float | None = None  # attributed by token share within the window
     method_stats: dict[str, Any] = field(default_factory=dict)
     repetition: dict[str, Any] | None = None
+    decoding: dict[str, Any] | None = None  # decodebench.models.generation.decoding_record
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -90,6 +93,7 @@ class Window:
     energy_flag: str | None = None  # why a window with a meter was not metered
     peak_memory_bytes: int | None = None
     ttft_s: float | None = None
+    decoding: dict[str, Any] | None = None  # how it decoded (decodebench.models.generation.decoding_record)
     records: list[RequestRecord] = field(default_factory=list)
 
     def record(
@@ -103,6 +107,7 @@ class Window:
         ttft_s: float | None = None,
         method_stats: dict[str, Any] | None = None,
         text: str | None = None,
+        decoding: dict[str, Any] | None = None,
     ) -> RequestRecord:
         if finish_reason not in FINISH_REASONS:
             raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {finish_reason!r}")
@@ -118,6 +123,7 @@ class Window:
             ttft_s=ttft_s if ttft_s is not None else self.ttft_s,
             method_stats=dict(method_stats or {}),
             repetition=find_degenerate_repetition(text).as_dict() if text is not None else None,
+            decoding=decoding if decoding is not None else self.decoding,
         )
         self.records.append(rec)
         self._attribute_energy()
@@ -158,8 +164,8 @@ class Recorder:
         self.cached_requests: dict[str, int] = {}  # set after lm-eval's evaluate (--use_cache)
 
     # -- measurement --------------------------------------------------------------------
-    def open(self, task: str) -> _OpenWindow:
-        return _OpenWindow(self, Window(task=task))
+    def open(self, task: str, decoding: dict[str, Any] | None = None) -> _OpenWindow:
+        return _OpenWindow(self, Window(task=task, decoding=decoding))
 
     def _finish(self, window: Window) -> None:
         self.windows.append(window)
@@ -216,6 +222,8 @@ class Recorder:
             "mean_latency_s": _mean(r.latency_s for r in records),
             "mean_ttft_s": _mean(r.ttft_s for r in records if r.ttft_s is not None),
             "finish_reasons": finish,
+            # every distinct way the task's requests were decoded, defaults included
+            "decoding": _distinct(r.decoding for r in records if r.decoding is not None),
             "degenerate_rate": _mean(checked),
             "peak_memory_bytes": max(
                 (w.peak_memory_bytes for w in windows if w.peak_memory_bytes is not None), default=None
@@ -309,6 +317,14 @@ def sum_numeric_stats(records: list[RequestRecord]) -> dict[str, Any]:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 totals[key] += value
     return dict(totals)
+
+
+def _distinct(items: Iterable[dict]) -> list[dict]:
+    out: list[dict] = []
+    for item in items:
+        if item not in out:
+            out.append(item)
+    return out
 
 
 def _mean(values: Iterable[float]) -> float | None:

@@ -6,15 +6,17 @@ from dataclasses import dataclass
 
 from decodebench.models.config import MethodConfig, at_least, between, option
 
-# The decoding modes (models/mtad/modes.py): the paper's method and the baselines it is compared with.
-MODES = ("mtad", "speculative", "target", "assisted")
+# The decoding modes (models/mtad/modes.py): the paper's method, decodebench's earlier greedy
+# variant of it, and the baselines it is compared with.
+MODES = ("mtad", "mtad-joint-greedy", "speculative", "target", "assisted")
 
 
 @dataclass(frozen=True)
 class MTADConfig(MethodConfig):
     mode: str = option(
         "mtad",
-        "the paper's Algorithm 1, speculative decoding, the target alone, or transformers' assisted generation",
+        "the paper's Algorithm 1 (mtad), decodebench's earlier greedy variant of it (mtad-joint-greedy: untempered p "
+        "against q), speculative decoding, the target alone, or transformers' assisted generation",
         choices=MODES,
     )
     draft: str = option(

@@ -1,18 +1,24 @@
 """Auxiliary (draft) models for MTAD and speculative decoding, behind one small interface.
 
-``draft(sequence, gamma)`` proposes up to ``gamma`` tokens after ``sequence`` (a list of token
-ids: prompt and tokens generated so far) and returns them with their draft log-probabilities.
-Each drafter keeps whatever state it can reuse (a KV cache over the longest prefix it shares
-with the next sequence), so verification never has to tell it what was accepted.
+``draft(sequence, gamma, sampler)`` proposes up to ``gamma`` tokens after ``sequence`` (a list
+of token ids: prompt and tokens generated so far) and returns them with their draft
+log-probabilities. Each drafter keeps whatever state it can reuse (a KV cache over the longest
+prefix it shares with the next sequence), so verification never has to tell it what was accepted.
 
-- ``ModelDrafter``: a causal LM sharing the target's vocabulary, drafting by beam search (MTAD)
-  or by sampling (speculative sampling). ``layer_skip_draft`` builds one from the target itself:
-  its first ``k`` decoder layers, final norm and LM head, sharing the target's weights
+- ``ModelDrafter``: a causal LM sharing the target's vocabulary. MTAD drafts by beam sampling
+  from q warped like p (Appendix F: the task's temperature, top-k, top-p) when the task samples,
+  and by deterministic beam search when it decodes greedily, as the authors' code does; speculative
+  sampling draws one token at a time (``sample``). ``layer_skip_draft`` builds one from the target
+  itself: its first ``k`` decoder layers, final norm and LM head, sharing the target's weights
   (self-speculative drafting, as in the layer-skipping papers of papers/003).
 - ``ContextDrafter``: copies what followed an earlier occurrence of the current n-gram in the
   prompt or the output (transformers' prompt-lookup candidate generator); costs no model call.
 - ``InfinigramDrafter``: follows the most likely infinity-gram continuation in an infini-gram
   index (the infini-gram paper's proposal of infinity-gram drafts).
+
+The last two are *fixed* drafts, chosen without sampling: their q is one-hot (log q = 0 and
+``probs`` None), which is what lets speculative sampling verify them and keep the target's
+distribution (a draft token x is kept with probability p(x), else the residual p without x).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from decodebench.kernels.mtad import beam_step
+from decodebench.kernels.mtad import beam_sample_step, beam_step
 from decodebench.models.rows import Sampler
 
 
@@ -30,7 +36,7 @@ from decodebench.models.rows import Sampler
 class Draft:
     tokens: list[int]
     joint_logq: list[float]  # log q(x_1..j) for j = 1..len(tokens)
-    probs: torch.Tensor | None = None  # [len(tokens), V] distributions sampled from (speculative sampling)
+    probs: torch.Tensor | None = None  # [len(tokens), V] distributions sampled from; None: one-hot (fixed)
 
 
 def _shallow_module_copy(module: torch.nn.Module) -> torch.nn.Module:
@@ -98,27 +104,41 @@ class ModelDrafter:
         return logits
 
     @torch.inference_mode()
-    def draft(self, sequence: list[int], gamma: int, beams: int | None = None) -> Draft:
-        """Beam search (``beams`` wide, default the drafter's) for ``gamma`` tokens: the best beam
-        and its joint log q. One beam is plain greedy drafting."""
+    def draft(self, sequence: list[int], gamma: int, sampler: Sampler | None = None, beams: int | None = None) -> Draft:
+        """``gamma`` tokens by beam sampling from the warped q (``sampler``), or by deterministic beam
+        search without one; ``beams`` wide (default the drafter's). The best beam, with its joint log q
+        (the sum of its tokens' log q). One beam without a sampler is plain greedy drafting."""
         beams = beams or self.beams
-        logprobs = torch.log_softmax(self._sync(sequence), dim=-1)
-        device = logprobs.device
-        scores, _, tokens = beam_step(torch.zeros(1, device=device), logprobs[None], beams)
+
+        def logq(logits: torch.Tensor) -> torch.Tensor:
+            return sampler.logprobs(logits) if sampler else torch.log_softmax(logits, dim=-1)
+
+        def step(scores: torch.Tensor, step_logq: torch.Tensor):
+            if sampler:
+                return beam_sample_step(scores, step_logq, beams, generator=sampler.generator)
+            return beam_step(scores, step_logq, beams)
+
+        first = logq(self._sync(sequence))
+        device = first.device
+        scores, _, tokens = step(torch.zeros(1, device=device), first[None])
         paths = [[int(t)] for t in tokens]
-        joints = [[float(s)] for s in scores]
+        token_logq = [[float(first[t])] for t in tokens]
         if gamma > 1:
             self.cache.batch_repeat_interleave(len(paths))
         for _ in range(gamma - 1):
-            step = torch.log_softmax(self._forward(tokens[:, None]), dim=-1)
-            scores, parents, tokens = beam_step(scores, step, beams)
+            step_logq = logq(self._forward(tokens[:, None]))
+            scores, parents, tokens = step(scores, step_logq)
             self.cache.reorder_cache(parents)
-            paths = [paths[p] + [int(t)] for p, t in zip(parents.tolist(), tokens.tolist(), strict=True)]
-            joints = [joints[p] + [float(s)] for p, s in zip(parents.tolist(), scores.tolist(), strict=True)]
+            parents_list, tokens_list = parents.tolist(), tokens.tolist()
+            paths = [paths[p] + [t] for p, t in zip(parents_list, tokens_list, strict=True)]
+            token_logq = [
+                token_logq[p] + [float(step_logq[p, t])] for p, t in zip(parents_list, tokens_list, strict=True)
+            ]
         if gamma > 1:  # keep the best beam's row: the sequence plus its first gamma - 1 tokens
             self.cache.batch_select_indices(torch.tensor([0], device=device))
             self.cached = list(sequence) + paths[0][:-1]
-        return Draft(paths[0], joints[0])
+        joint = torch.tensor(token_logq[0], dtype=torch.float64).cumsum(0).tolist()
+        return Draft(paths[0], joint)
 
     @torch.inference_mode()
     def sample(self, sequence: list[int], gamma: int, sampler: Sampler) -> Draft:
@@ -145,7 +165,7 @@ class ContextDrafter:
         self.eos = torch.tensor([eos_token_id]) if eos_token_id is not None else None
         self.max_ngram = max_ngram
 
-    def draft(self, sequence: list[int], gamma: int) -> Draft:
+    def draft(self, sequence: list[int], gamma: int, sampler: Sampler | None = None) -> Draft:
         from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
         lookup = PromptLookupCandidateGenerator(
@@ -160,14 +180,15 @@ class ContextDrafter:
 
 
 class InfinigramDrafter:
-    """Greedy infinity-gram continuation from an infini-gram index built with the target's tokenizer."""
+    """Greedy infinity-gram continuation from an infini-gram index built with the target's tokenizer
+    (a fixed draft: q is one-hot)."""
 
     def __init__(self, index, max_prefix: int = 64):
         self.index = index
         self.max_prefix = max_prefix
 
-    def draft(self, sequence: list[int], gamma: int) -> Draft:
-        tokens, joints, joint = [], [], 0.0
+    def draft(self, sequence: list[int], gamma: int, sampler: Sampler | None = None) -> Draft:
+        tokens = []
         context = list(sequence[-self.max_prefix :])
         for _ in range(gamma):
             result = self.index.engine.infgram_ntd(prompt_ids=context, max_support=50)
@@ -177,11 +198,9 @@ class InfinigramDrafter:
             token, info = max(choices.items(), key=lambda item: item[1]["prob"])
             if info["prob"] <= 0:
                 break
-            joint += float(torch.log(torch.tensor(info["prob"])))
             tokens.append(int(token))
-            joints.append(joint)
             context.append(int(token))
-        return Draft(tokens, joints)
+        return Draft(tokens, [0.0] * len(tokens))
 
 
 def build_drafter(spec: str, lm, beams: int):

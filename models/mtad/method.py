@@ -10,9 +10,12 @@ at a time, as in the paper; use ``--batch_size 1`` so that every request's laten
 Greedy unless the task samples; sampling warps both models with the paper's top-k 20 then top-p
 0.9 (appendix F) when the task sets neither.
 
-Per request: target forward passes, drafted and accepted tokens, block efficiency (new tokens per
-target pass, the paper's Table 5), an acceptance histogram, and the output's perplexity under the
-target, computed afterwards in a separate pass outside the timed window.
+Per request: target forward passes, drafted and accepted tokens, block efficiency (the paper's
+Table 5: tokens per draft-and-verify iteration, ``1 + accepted / iterations`` as the authors'
+code counts it; the prefill pass is not an iteration), an acceptance histogram, and the output's
+perplexity under the target (exp of the mean negative log-likelihood of its tokens), computed
+afterwards in a separate pass outside the timed window; a task's perplexity is the mean over its
+requests, as the authors average it (the token-weighted one is reported beside it).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -30,7 +33,7 @@ from decodebench.models.mtad.modes import MODES
 from decodebench.models.rows import RowDecodingMethod, RowStop, Sampler, choose
 
 # Counters of a request that add up over a task.
-COUNTERS = ("target_calls", "drafted_tokens", "accepted_tokens", "target_nll", "scored_tokens")
+COUNTERS = ("target_calls", "iterations", "drafted_tokens", "accepted_tokens", "target_nll", "scored_tokens")
 
 
 class MTAD(RowDecodingMethod):
@@ -39,8 +42,7 @@ class MTAD(RowDecodingMethod):
     Config = MTADConfig
     config: MTADConfig
     # Appendix F's warping when a sampling task sets no top-k/top-p of its own
-    default_top_k = 20
-    default_top_p = 0.9
+    sampling_defaults: ClassVar[dict[str, Any]] = {"top_k": 20, "top_p": 0.9}
 
     def setup(self, lm) -> None:
         self.generator = torch.Generator(device=lm.device).manual_seed(self.config.seed)  # on the sampling device
@@ -82,11 +84,13 @@ class MTAD(RowDecodingMethod):
             histogram[kept] += 1
             generated += [*draft.tokens[:kept], following]
         new_tokens = stop.truncate(generated)
+        iterations = calls - 1  # draft-and-verify passes; the prefill is not one
         stats = {
             "target_calls": calls,
+            "iterations": iterations,
             "drafted_tokens": drafted,
             "accepted_tokens": accepted,
-            "block_efficiency": len(new_tokens) / calls,
+            "block_efficiency": 1 + accepted / iterations if iterations else None,
             "acceptance_histogram": {str(k): v for k, v in sorted(histogram.items())},
         }
         return new_tokens, stats, first_token_at
@@ -121,13 +125,16 @@ class MTAD(RowDecodingMethod):
             for key in COUNTERS:
                 totals[key] += rec.method_stats.get(key, 0)
             histogram.update(rec.method_stats.get("acceptance_histogram", {}))
-        new_tokens = sum(rec.new_tokens for rec in records)
-        if totals["target_calls"]:
-            totals["block_efficiency"] = new_tokens / totals["target_calls"]
+        if totals["iterations"]:
+            totals["block_efficiency"] = 1 + totals["accepted_tokens"] / totals["iterations"]
         if totals["drafted_tokens"]:
             totals["acceptance_rate"] = totals["accepted_tokens"] / totals["drafted_tokens"]
-        if totals["scored_tokens"]:
-            totals["target_perplexity"] = math.exp(totals["target_nll"] / totals["scored_tokens"])
+        perplexities = [
+            rec.method_stats["target_perplexity"] for rec in records if "target_perplexity" in rec.method_stats
+        ]
+        if perplexities:
+            totals["target_perplexity"] = sum(perplexities) / len(perplexities)  # per request, then the mean
+            totals["target_perplexity_token_weighted"] = math.exp(totals["target_nll"] / totals["scored_tokens"])
         totals["acceptance_histogram"] = dict(sorted(histogram.items(), key=lambda kv: int(kv[0])))
         return totals
 

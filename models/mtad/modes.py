@@ -4,8 +4,13 @@ Each iteration of the row loop (``MTAD.decode_row``) asks its mode for a draft o
 ``gamma`` tokens and, after one target pass over them, for how many to keep and which token to
 add from the target:
 
-- ``MTADAcceptance`` (``mode=mtad``, the paper's Algorithm 1): the longest draft prefix whose
-  joint likelihood ratio ``min(1, p/q)`` exceeds ``tau`` (kernels/mtad.py);
+- ``MTADAcceptance`` (``mode=mtad``, the paper's Algorithm 1 with Appendix F): beam-sampled drafts
+  from q warped like p, and the longest draft prefix whose joint likelihood ratio ``min(1, p/q)``
+  exceeds ``tau`` (kernels/mtad.py). Decoding greedily, p is one-hot at the target's argmax, as
+  the authors' code makes it at temperature 0 (MTAD is then greedy speculative decoding with beam
+  drafts; the authors warn that MTAD gains nothing there);
+- ``MTADJointGreedy`` (``mode=mtad-joint-greedy``): decodebench's earlier variant, not the
+  paper's: decoding greedily, it compares the untempered p with q instead of a one-hot p;
 - ``SpeculativeSampling`` (``mode=speculative``): per-token ``min(1, p/q)`` with residual
   resampling when sampling, or greedy speculative decoding (keep draft tokens while they equal
   the target's argmax) when decoding greedily;
@@ -37,7 +42,7 @@ class Mode:
         self.config = config
 
     def draft(self, drafter, sequence: list[int], gamma: int, sampler: Sampler | None) -> Draft:
-        return drafter.draft(sequence, gamma)
+        return drafter.draft(sequence, gamma, sampler)
 
     def accept(self, logits: torch.Tensor, draft: Draft, sampler: Sampler | None) -> tuple[int, int]:
         """(draft tokens kept, the token that follows them) from the target's logits [g + 1, V]."""
@@ -56,14 +61,33 @@ class MTADAcceptance(Mode):
     """Algorithm 1, lines 6-13: the longest prefix whose joint ratio passes ``tau``."""
 
     name = "mtad"
+    one_hot_greedy: ClassVar[bool] = True  # decoding greedily, p is one-hot (the authors' code)
 
     def accept(self, logits, draft, sampler):
         g = len(draft.tokens)
-        logp = sampler.logprobs(logits) if sampler else torch.log_softmax(logits, dim=-1)
+        if sampler is not None:
+            logp = sampler.logprobs(logits)
+        elif self.one_hot_greedy:
+            logp = one_hot_logprobs(logits)
+        else:
+            logp = torch.log_softmax(logits, dim=-1)
         token_logp = logp[torch.arange(g, device=logits.device), torch.tensor(draft.tokens, device=logits.device)]
-        joint_logq = torch.tensor(draft.joint_logq, device=logits.device)
+        joint_logq = torch.tensor(draft.joint_logq, device=logits.device, dtype=token_logp.dtype)
         kept = int(mtad_accept_length(token_logp[None], joint_logq[None], self.config.tau)[0])
         return kept, choose(logits[kept], sampler)
+
+
+class MTADJointGreedy(MTADAcceptance):
+    """decodebench's earlier greedy rule (not the paper's): the untempered p against q."""
+
+    name = "mtad-joint-greedy"
+    one_hot_greedy = False
+
+
+def one_hot_logprobs(logits: torch.Tensor) -> torch.Tensor:
+    """log of the one-hot distribution at each row's argmax: 0 there, -inf elsewhere."""
+    out = torch.full_like(logits, float("-inf"))
+    return out.scatter_(-1, logits.argmax(-1, keepdim=True), 0.0)
 
 
 class SpeculativeSampling(Mode):
@@ -85,8 +109,11 @@ class SpeculativeSampling(Mode):
             kept = int((tokens == logits[:g].argmax(-1)).int().cumprod(0).sum())
             return kept, int(logits[kept].argmax())
         target_probs = sampler.logprobs(logits).exp()[None]
+        draft_probs = draft.probs
+        if draft_probs is None:  # a fixed draft (prompt lookup, infini-gram) was chosen, not sampled: q is one-hot
+            draft_probs = torch.nn.functional.one_hot(tokens, logits.shape[-1]).to(target_probs.dtype)
         n, following = speculative_accept(
-            tokens[None], draft.probs[None].to(logits.device), target_probs, generator=sampler.generator
+            tokens[None], draft_probs[None].to(logits.device), target_probs, generator=sampler.generator
         )
         return int(n[0]), int(following[0])
 
@@ -119,4 +146,6 @@ class AssistedGeneration(Mode):
 
 
 # mode= -> class (the names are MTADConfig's choices)
-MODES = {cls.name: cls for cls in (MTADAcceptance, SpeculativeSampling, TargetOnly, AssistedGeneration)}
+MODES = {
+    cls.name: cls for cls in (MTADAcceptance, MTADJointGreedy, SpeculativeSampling, TargetOnly, AssistedGeneration)
+}
