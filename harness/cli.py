@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def _prepare_model(args: argparse.Namespace) -> int:
@@ -96,22 +97,31 @@ def _build_index(args: argparse.Namespace) -> int:
 
 
 def _train_nugget(args: argparse.Namespace) -> int:
-    """Trains a 2-layer scorer over a lower layer's hidden states of the frozen model with the straight-through
-    estimator, to predict text from its nuggets; saves a file for `lm_eval --model nugget --model_args
-    selector=PATH`."""
+    """Trains the paper's compressor (Qin et al., zero-shot setting): the scorer over layer 3 of the frozen model,
+    the encoder and decoder LoRA adapters (rank 32) and the soft token, with the straight-through estimator, on plain
+    text split into a part to compress and a part to continue. Shows progress and the held-out loss, keeps a resume
+    file (run the same command again to continue), and saves one safetensors file for `lm_eval --model nugget
+    --model_args selector=PATH`."""
     from decodebench.models.base import resolve_pretrained
-    from decodebench.models.nugget.training import train
+    from decodebench.models.nugget.training import TrainingSettings, default_checkpoint, train
 
-    pretrained, _ = resolve_pretrained(args.pretrained)
-    path = train(
-        pretrained,
-        args.out,
+    pretrained, embedded = resolve_pretrained(args.pretrained)
+    settings = TrainingSettings(
         ratio=args.ratio,
         steps=args.steps,
+        context=args.context,
+        continuation=args.continuation,
         lr=args.lr,
         layer=args.layer,
-        log=lambda msg: print(msg, file=sys.stderr),
+        seed=args.seed,
     )
+    name = "embedded" if embedded else Path(str(pretrained).rstrip("/")).name
+    out = args.out or default_checkpoint(name, settings.ratio)
+    try:
+        path = train(pretrained, out, settings, corpus=args.corpus, log=lambda msg: print(msg, file=sys.stderr))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(path)
     return 0
 
@@ -234,14 +244,34 @@ def build_parser() -> argparse.ArgumentParser:
         _train_nugget,
         "train the nugget selector (the paper's scorer) on a CPU and save it for --model nugget",
     )
-    nugget.add_argument("--out", required=True, help="where to save the selector (.pt)")
+    from decodebench.models.nugget.settings import TrainingSettings
+
+    defaults = TrainingSettings()
+    nugget.add_argument(
+        "--out",
+        default=None,
+        help="the checkpoint to write (.safetensors; default: DECODEBENCH_HOME/nugget/<model>-r<ratio>.safetensors, "
+        "where the demo looks)",
+    )
     nugget.add_argument("--pretrained", default="embedded", help="model (default: the embedded one)")
     nugget.add_argument(
-        "--ratio", type=float, default=None, help="compression ratio to train at (default: --model nugget's)"
+        "--corpus",
+        default=None,
+        help="training text: a .jsonl file (a 'text' or 'article' field), a .txt file or a folder of them; documents "
+        "sharing a 13-word sequence with the bundled evaluation samples are dropped (default: Python's reference "
+        "documentation)",
     )
-    nugget.add_argument("--steps", type=int, default=200, help="training steps, one chunk each (default 200)")
-    nugget.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
-    nugget.add_argument("--layer", type=int, default=3, help="hidden layer the scorer reads (default 3)")
+    for flag, kind, what in (
+        ("--ratio", float, "compression ratio"),
+        ("--steps", int, "training steps"),
+        ("--context", int, "longest compressed part, in tokens"),
+        ("--continuation", int, "continued part, in tokens"),
+        ("--lr", float, "peak Adam learning rate"),
+        ("--layer", int, "layer whose hidden states the scorer reads"),
+        ("--seed", int, "random seed"),
+    ):
+        default = getattr(defaults, flag.removeprefix("--"))
+        nugget.add_argument(flag, type=kind, default=default, help=f"{what} (default {default:g})")
 
     report = command(
         "report",

@@ -9,7 +9,9 @@
   discordant pairs), for a method against its baseline on the same documents;
 - ``paired_bootstrap``: the interval of a mean paired difference and its two-sided p-value, by
   resampling documents with their pairs (for metrics that are not 0/1);
-- ``percentiles``: p50/p90/p99 with linear interpolation (numpy's default).
+- ``percentiles``: p50/p90/p99 with linear interpolation (numpy's default);
+- ``speed_ratio_interval``: a method's tokens/s over its baseline's on the same prompts, with the
+  interval of the paired bootstrap.
 """
 
 from __future__ import annotations
@@ -145,3 +147,20 @@ def ratio_interval(numerators: Sequence[float], denominators: Sequence[float]) -
     """Bootstrap interval of sum(numerators) / sum(denominators) over units (e.g. tokens/s over requests)."""
     pairs = np.column_stack([numerators, denominators]).astype(float)
     return bootstrap_interval(pairs, lambda rows: rows[:, 0].sum() / rows[:, 1].sum())
+
+
+def speed_ratio_interval(
+    tokens: Sequence[float], seconds: Sequence[float], base_tokens: Sequence[float], base_seconds: Sequence[float]
+) -> tuple[float, Interval]:
+    """A method's tokens/s over its baseline's, measured on the same units (prompts) in interleaved rounds.
+
+    The ratio is (sum tokens / sum seconds) over (the baseline's, the same way); its 95% interval
+    resamples units with both sides together, so the pairing (same prompt, same moment of the
+    machine's load) carries into the interval.
+    """
+    rows = np.column_stack([tokens, seconds, base_tokens, base_seconds]).astype(float)
+
+    def ratio(r: np.ndarray) -> float:
+        return (r[:, 0].sum() / r[:, 1].sum()) / (r[:, 2].sum() / r[:, 3].sum())
+
+    return ratio(rows), bootstrap_interval(rows, ratio)

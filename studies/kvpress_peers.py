@@ -23,7 +23,7 @@ def score(task: str, answer: str, references: list[str]) -> float:
 
     if task.startswith("squad"):
         return squad_normalized_accuracy(answer, references)
-    return rouge(answer, references[0])["rougeL"]
+    return rouge(answer, references[0])["rougeLsum"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,18 +53,20 @@ def main(argv: list[str] | None = None) -> int:
         model_kwargs={"attn_implementation": "eager"},
     )
     items = json.loads(Path(args.items).read_text())
-    results: dict[str, dict[str, float]] = {}
+    results: dict[str, dict[str, dict]] = {}
     for name, press in presses.items():
         print(f"kvpress {name} ...", flush=True)
-        scores: dict[str, list[float]] = {}
+        per_task: dict[str, dict] = {}
         for item in items:
             answer = pipe(item["document"], question=item["question"], press=press, max_new_tokens=item["max_new"])
             text = answer["answer"]
             for stop in item["stop"]:
                 text = text.split(stop)[0]
-            scores.setdefault(item["task"], []).append(score(item["task"], text, item["references"]))
-        results[name] = {task: sum(values) / len(values) for task, values in scores.items()}
-        print(f"   {results[name]}", flush=True)
+            task = per_task.setdefault(item["task"], {"scores": {}, "achieved_ratio": args.ratio})
+            task["scores"][str(item["doc_id"])] = score(item["task"], text, item["references"])
+        results[name] = per_task
+        means = {task: sum(v["scores"].values()) / len(v["scores"]) for task, v in per_task.items()}
+        print(f"   {means}", flush=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     return 0
 

@@ -100,7 +100,7 @@ class TestNuggetModel:
         reqs, reference = prompts
         assert self.nugget(selector="full").generate_until(reqs) == reference
 
-    @pytest.mark.parametrize("selector", ["delimiter", "streaming", "attention"])
+    @pytest.mark.parametrize("selector", ["delimiter", "streaming", "query-attention"])
     def test_compression_keeps_about_one_in_ratio_of_the_document(self, prompts, selector):
         reqs, _ = prompts
         model = self.nugget(selector=selector, ratio=10)
@@ -132,23 +132,27 @@ class TestNuggetModel:
         model.generate_until(reqs)
         assert model.decodebench_recorder.task_summaries()["t"]["method"]["uncompressed_requests"] == 1
 
-    def test_a_trained_selector_loads_and_one_for_another_model_is_refused(self, tmp_path):
-        from decodebench.models.nugget.training import FORMAT, train
+    def test_query_attention_scores_are_the_attention_the_question_pays_one_layer_at_a_time(self, prompts):
+        """The bounded tally equals the sum of eager attention maps from the question to the document."""
+        from decodebench.models.nugget.selectors import QueryAttentionSelector
 
-        path = train(self.checkpoint, tmp_path / "sel.pt", steps=3, layer=1, log=lambda msg: None)
-        model = self.nugget(selector=str(path))
-        assert "learned" in model.method.description
-        saved = torch.load(path, weights_only=True)
-        saved["model"]["hidden_size"] += 1
-        torch.save(saved, tmp_path / "other.pt")
-        with pytest.raises(ValueError, match="trained for another model"):
-            self.nugget(selector=str(tmp_path / "other.pt"))
-        with pytest.raises(ValueError, match="neither a built-in selector"):
-            self.nugget(selector=str(tmp_path / "missing.pt"))
-        torch.save({"format": "something else"}, tmp_path / "bad.pt")
-        with pytest.raises(ValueError, match="not a decodebench nugget selector"):
-            self.nugget(selector=str(tmp_path / "bad.pt"))
-        assert saved["format"] == FORMAT
+        reqs, _ = prompts
+        model = self.nugget(selector="query-attention")
+        ids = model.tok_encode(reqs[0].args[0])
+        n = model.method.split_point(model, ids)
+        document, tail = torch.tensor([ids[:n]]), ids[n:]
+        tally = QueryAttentionSelector(model.method.config).scores(model, document, tail)
+        model.model.set_attn_implementation("eager")
+        try:
+            maps = model.model(input_ids=torch.tensor([ids]), output_attentions=True).attentions
+        finally:
+            model.model.set_attn_implementation("sdpa")
+        expected = sum(layer[0, :, n:, :n].sum(dim=(0, 1)) for layer in maps)
+        torch.testing.assert_close(tally, expected.float(), rtol=1e-4, atol=1e-5)
+
+    def test_the_old_attention_name_says_what_it_became(self):
+        with pytest.raises(ValueError, match="selector=attention is now called query-attention"):
+            self.nugget(selector="attention")
 
     def test_ratio_below_one_fails_before_loading(self):
         from decodebench.models.nugget import Nugget

@@ -15,6 +15,7 @@ from decodebench.stats import (
     percentiles,
     quality_interval,
     ratio_interval,
+    speed_ratio_interval,
     wilson_interval,
 )
 
@@ -89,3 +90,15 @@ def test_tokens_per_second_interval_is_over_requests():
     interval = ratio_interval(tokens, seconds)
     assert interval.low == pytest.approx(10) and interval.high == pytest.approx(10)
     assert not math.isnan(ratio_interval([1, 100], [1.0, 1.0]).high)
+
+
+def test_a_paired_speed_ratio_keeps_the_pairing_of_each_prompt():
+    # the machine slows down over the rounds, both sides alike: every prompt runs exactly 2x faster
+    base_seconds = [1.0, 4.0, 9.0, 2.0, 7.0]
+    tokens = [50, 80, 20, 64, 33]
+    ratio, interval = speed_ratio_interval(tokens, [s / 2 for s in base_seconds], tokens, base_seconds)
+    assert ratio == pytest.approx(2.0)
+    assert interval.low == pytest.approx(2.0) and interval.high == pytest.approx(2.0)
+    # unpaired, the same load swings would look like a wide, uncertain ratio
+    unpaired = ratio_interval(tokens, [s / 2 for s in base_seconds])
+    assert unpaired.high / unpaired.low > 1.5

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from decodebench.kernels.nugget import check_ratio
 from decodebench.models.config import MethodConfig, at_least, option
 
-# The built-in selectors (models/nugget/selectors.py); any other value is a trained selector file.
-SELECTOR_NAMES = ("delimiter", "attention", "streaming", "truncation", "full")
+# The built-in selectors (models/nugget/selectors.py); any other value is a trained checkpoint file.
+SELECTOR_NAMES = ("delimiter", "query-attention", "streaming", "truncation", "full")
+RENAMED = {"attention": "query-attention"}
 
 
 @dataclass(frozen=True)
@@ -17,13 +18,25 @@ class NuggetConfig(MethodConfig):
     ratio: float = option(10.0, "compression ratio r: the document keeps ceil(n / r) of its n tokens")
     selector: str = option(
         "delimiter",
-        f"{', '.join(SELECTOR_NAMES)}, or the path of a selector trained with `decodebench train-nugget`",
+        "the path of a checkpoint from `decodebench train-nugget` (the paper's method), or a built-in selector: "
+        "delimiter (training-free, query-independent stand-in), query-attention (query-aware peer, SnapKV's kin), "
+        "streaming, truncation, full",
+    )
+    adapters: bool = option(
+        True,
+        "with a checkpoint: build and read the nuggets with its LoRA adapters and soft token (the paper's method); "
+        "false: its scorer alone on the frozen model (ablation)",
     )
     split: str = option("\n\n", "the document is the prompt before the last occurrence of this marker")
     sinks: int = option(4, "first tokens the streaming selector always keeps", check=at_least(0))
 
     def validated(self) -> NuggetConfig:
         check_ratio(self.ratio)
+        if self.selector in RENAMED:
+            raise ValueError(
+                f"selector={self.selector} is now called {RENAMED[self.selector]}: it ranks the document by the "
+                "attention the question pays to it (query-aware, SnapKV's kin), which the paper's scorer does not"
+            )
         # `split=\n\n` on a command line arrives as backslashes
         split = self.split.encode().decode("unicode_escape") if "\\" in self.split else self.split
         return dataclasses.replace(self, split=split)

@@ -4,13 +4,15 @@ For each request the prompt is split into the *document* (everything before the 
 occurrence of ``split``, a blank line in decodebench's squad and cnndm tasks) and the *tail*
 (the instruction or question, and the chat template's closing tokens). Then:
 
-1. the document is encoded alone, so nothing downstream ever sees its dropped tokens;
-2. a selector (models/nugget/selectors.py) scores its tokens and ``kernels.nugget.select_topk``
-   keeps ``ceil(n / ratio)`` of them (the last one always);
-3. every layer's cache keeps only those positions (``gather_kv``); keys were cached after the
-   rotary embedding, so the nuggets keep their original positions;
-4. the tail is fed uncompressed at positions ``n, n+1, ...`` (the true ones), and decoding goes
-   on from there, greedy or sampled as the task says.
+1. a selector (models/nugget/selectors.py) scores the document's tokens, and
+   ``kernels.nugget.select_topk`` keeps ``ceil(n / ratio)`` of them (the last one always);
+2. the document is encoded alone (with a trained checkpoint: by its encoder adapter), so nothing
+   downstream ever sees its dropped tokens, and every layer's cache keeps only the kept positions
+   (models/nugget/compressor.py); keys were cached after the rotary embedding, so the nuggets
+   keep their original positions;
+3. the tail is fed uncompressed at positions ``n, n+1, ...`` (with a trained checkpoint: after
+   its soft token, by its decoder adapter, as in training), and decoding goes on from there,
+   greedy or sampled as the task says.
 
 A document shorter than ``ratio`` tokens, or a prompt without ``split``, is left uncompressed
 (a documented no-op; the statistics show a ratio of 1). Rows are decoded one at a time.
@@ -18,12 +20,14 @@ A document shorter than ``ratio`` tokens, or a prompt without ``split``, is left
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
 import torch
 
-from decodebench.kernels.nugget import gather_kv, nuggets_for, select_topk
+from decodebench.kernels.nugget import nuggets_for
+from decodebench.models.nugget.compressor import NuggetAdapters, cache_bytes, encode_nuggets
 from decodebench.models.nugget.config import NuggetConfig
 from decodebench.models.nugget.selectors import build_selector
 from decodebench.models.rows import RowDecodingMethod, RowStop, Sampler, choose
@@ -69,44 +73,50 @@ class Nugget(RowDecodingMethod):
         n = self.split_point(lm, prompt)
         document, tail = prompt[:n], prompt[n:]
         compress = self.selector.compresses and n >= ratio and nuggets_for(n, ratio) < n and tail
-        if not compress:
-            document, tail, n = [], prompt, 0
-        cache = DynamicCache(config=model.config)
-        stats: dict[str, Any] = {"document_tokens": len(document), "tail_tokens": len(tail)}
+        stats: dict[str, Any] = {
+            "document_tokens": n if compress else 0,
+            "tail_tokens": len(tail if compress else prompt),
+        }
+        adapters = self.selector.adapters if compress else None
         if compress:
-            layer = self.selector.hidden_layer
-            encoded = model(
-                input_ids=torch.tensor([document], device=device),
-                past_key_values=cache,
-                use_cache=True,
-                output_hidden_states=layer is not None,
-            )
-            hidden = encoded.hidden_states[layer][0] if layer is not None else None
-            full_bytes = _cache_bytes(cache)
-            scores = self.selector.scores(lm, document, tail, hidden)
-            indices, _ = select_topk(scores[None].to(device), torch.tensor([n], device=device), ratio)
-            cache = DynamicCache(
-                ddp_cache_data=[gather_kv(layer.keys, layer.values, indices) for layer in cache.layers]
-            )
-            kept = indices.shape[1]
+            ids = torch.tensor([document], device=device)
+            scores = self.selector.scores(lm, ids, tail).to(device)
+            nuggets = encode_nuggets(model, ids, scores, ratio, encoder=adapters is not None)
+            cache, kept = nuggets.cache, nuggets.indices.shape[1]
             stats.update(
                 nuggets=kept,
                 achieved_ratio=n / kept,
-                document_kv_bytes_full=full_bytes,
-                document_kv_bytes_kept=_cache_bytes(cache),
+                document_kv_bytes_full=nuggets.full_kv_bytes,
+                document_kv_bytes_kept=cache_bytes(cache),
             )
+        else:
+            cache, tail, n = DynamicCache(config=model.config), prompt, 0
+        attached = NuggetAdapters.attached(model)
+        with contextlib.ExitStack() as stack:
+            if adapters is not None:
+                adapters.use("decoder")  # the decoder adapter reads the nuggets and decodes
+            elif attached is not None:
+                stack.enter_context(attached.disabled())  # an uncompressed row is the plain model's
+            return self._decode(model, device, cache, tail, n, adapters, stop, sampler, stats)
 
-        def step(tokens: list[int], start: int) -> torch.Tensor:
-            positions = torch.arange(start, start + len(tokens), device=device)[None]
-            ids = torch.tensor([tokens], device=device)
-            return model(input_ids=ids, past_key_values=cache, use_cache=True, position_ids=positions).logits[0, -1]
+    def _decode(self, model, device, cache, tail, n, adapters, stop, sampler, stats):
 
-        logits = step(tail, n).float()
-        stats["kv_bytes_at_decode_start"] = _cache_bytes(cache)
+        def step(tokens: list[int], start: int, soft_token: bool = False) -> torch.Tensor:
+            embeds = model.get_input_embeddings()(torch.tensor([tokens], device=device))
+            if soft_token:  # [nuggets; soft token; tail], as in training
+                embeds = torch.cat([adapters.soft_token[None, None].to(embeds.dtype), embeds], dim=1)
+            positions = torch.arange(start, start + embeds.shape[1], device=device)[None]
+            return model(inputs_embeds=embeds, past_key_values=cache, use_cache=True, position_ids=positions).logits[
+                0, -1
+            ]
+
+        logits = step(tail, n, soft_token=adapters is not None).float()
+        stats["kv_bytes_at_decode_start"] = cache_bytes(cache)
         generated = [choose(logits, sampler)]
         first_token_at = time.perf_counter()
+        offset = n + len(tail) + (adapters is not None)
         while not stop.finished(generated):
-            generated.append(choose(step(generated[-1:], n + len(tail) + len(generated) - 1).float(), sampler))
+            generated.append(choose(step(generated[-1:], offset + len(generated) - 1).float(), sampler))
         return generated[: stop.max_new], stats, first_token_at
 
     def summarize(self, records) -> dict[str, Any]:
@@ -140,7 +150,3 @@ class Nugget(RowDecodingMethod):
         if stats.get("mean_kv_bytes_after_prefill") is not None:
             columns["KV after prefill (MiB)"] = stats["mean_kv_bytes_after_prefill"] / 2**20
         return columns
-
-
-def _cache_bytes(cache) -> int:
-    return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))

@@ -1,20 +1,27 @@
-"""Which document tokens become nuggets: one small class per selector.
+"""Which document tokens become nuggets, and how the kept states are read: one small class per selector.
 
 A selector scores the document's ``n`` tokens; ``kernels.nugget.select_topk`` keeps the
-``ceil(n / ratio)`` best (the last one always). ``hidden_layer`` asks the encoding pass for that
-layer's hidden states (the learned scorer reads layer 3, as the paper's).
+``ceil(n / ratio)`` best (the last one always).
 
-- ``LearnedSelector``: the paper's scorer, trained with ``decodebench train-nugget`` (training.py);
-- ``DelimiterSelector``: training-free, delimiters first, an approximation of what the paper's
-  section 7.1 finds its learned scorer picks;
-- ``AttentionSelector``: training-free, the attention the document receives from the tail in a
-  full-context scoring pass (query-aware);
-- peers at the same ratio: ``StreamingSelector`` (StreamingLLM: ``sinks`` first tokens plus the
-  most recent), ``TruncationSelector`` (the most recent tokens) and ``FullContext`` (no compression).
+- ``TrainedNugget``: the paper's method, a checkpoint of ``decodebench train-nugget``: its scorer
+  (layer 3 of the frozen model), and, unless ``adapters=false``, its encoder adapter to build the
+  nuggets, its decoder adapter and soft token to read them (``adapters=false`` is the scorer-only
+  ablation on the frozen model);
+- ``DelimiterSelector``: training-free and query-independent like the paper's scorer: delimiters
+  first, what the paper's section 7.1 finds its trained scorer picks; a stand-in, not the method;
+- peers at the same ratio: ``QueryAttentionSelector`` (query-aware, SnapKV's kin: the attention
+  the question pays to each document token), ``StreamingSelector`` (StreamingLLM: ``sinks`` first
+  tokens plus the most recent), ``TruncationSelector`` (the most recent tokens) and
+  ``FullContext`` (no compression).
+
+No selector holds more than one layer's attention weights at a time, so memory grows linearly
+with the document (tests/test_nugget.py runs an 8k-token document under a memory cap).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from typing import ClassVar
 
 import torch
@@ -27,7 +34,7 @@ class Selector:
     name: ClassVar[str]
     label: ClassVar[str]
     compresses: ClassVar[bool] = True
-    hidden_layer: int | None = None  # hidden states the scores need from the encoding pass
+    adapters = None  # a NuggetAdapters when the nuggets are built and read by trained adapters
 
     def __init__(self, config: NuggetConfig):
         self.config = config
@@ -35,8 +42,8 @@ class Selector:
     def setup(self, lm) -> None:
         """Called once the model is loaded."""
 
-    def scores(self, lm, document: list[int], tail: list[int], hidden: torch.Tensor | None) -> torch.Tensor:
-        """One score per document token [n] (higher is kept first)."""
+    def scores(self, lm, document: torch.Tensor, tail: list[int]) -> torch.Tensor:
+        """One score per token of ``document`` [1, n] (higher is kept first)."""
         raise NotImplementedError
 
 
@@ -48,75 +55,136 @@ class FullContext(Selector):
 
 class DelimiterSelector(Selector):
     name = "delimiter"
-    label = "training-free delimiter selector (approximation of the paper's learned scorer)"
+    label = "training-free, query-independent stand-in for the paper's scorer (delimiters first; not the method)"
 
-    def scores(self, lm, document, tail, hidden):
-        return delimiter_scores([lm.tokenizer.decode([t]) for t in document])
+    def scores(self, lm, document, tail):
+        return delimiter_scores([lm.tokenizer.decode([t]) for t in document[0].tolist()])
 
 
 class StreamingSelector(Selector):
     name = "streaming"
     label = "StreamingLLM peer (attention sinks + most recent tokens)"
 
-    def scores(self, lm, document, tail, hidden):
-        return position_scores(len(document), sinks=self.config.sinks)
+    def scores(self, lm, document, tail):
+        return position_scores(document.shape[1], sinks=self.config.sinks)
 
 
 class TruncationSelector(Selector):
     name = "truncation"
     label = "truncation peer (most recent tokens)"
 
-    def scores(self, lm, document, tail, hidden):
-        return position_scores(len(document))
+    def scores(self, lm, document, tail):
+        return position_scores(document.shape[1])
 
 
-class AttentionSelector(Selector):
-    name = "attention"
-    label = "training-free attention selector (approximation of the paper's learned scorer)"
+class QueryAttentionSelector(Selector):
+    name = "query-attention"
+    label = (
+        "query-aware attention peer (SnapKV's kin: the attention the question pays to each document token, "
+        "summed over layers and heads; not the paper's query-independent method)"
+    )
 
-    def scores(self, lm, document, tail, hidden):
-        # what the tail's tokens attend to in a full-context scoring pass (every layer, head)
-        full = torch.tensor([document + tail], device=lm.device)
-        with _eager_attention(lm.model):
-            attentions = lm.model(input_ids=full, output_attentions=True).attentions
-        n = len(document)
-        received = sum(layer[0, :, n:, :n].sum(dim=(0, 1)) for layer in attentions)
+    def scores(self, lm, document, tail):
+        from transformers import DynamicCache
+
+        model, n = lm.model, document.shape[1]
+        cache = DynamicCache(config=model.config)
+        model(input_ids=document, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        received = torch.zeros(n, device=document.device)
+        with tally_received_attention(model, received, n):
+            model(
+                input_ids=torch.tensor([tail], device=document.device),
+                past_key_values=cache,
+                position_ids=torch.arange(n, n + len(tail), device=document.device)[None],
+                logits_to_keep=1,
+            )
         return received.float().cpu()
 
 
-class LearnedSelector(Selector):
-    name = "learned"
-    label = "learned scorer (the paper's method, trained with decodebench train-nugget)"
+class TrainedNugget(Selector):
+    name = "trained"
+
+    def __init__(self, config: NuggetConfig):
+        from decodebench.models.nugget.checkpoint import CheckpointError, read_checkpoint
+
+        super().__init__(config)
+        self.checkpoint = read_checkpoint(config.selector)  # the file is checked before the model loads
+        if config.adapters and not self.checkpoint.has_adapters:
+            raise CheckpointError(
+                f"{config.selector} holds a scorer only (no LoRA adapters); run it with adapters=false"
+            )
+
+    @property
+    def label(self) -> str:  # type: ignore[override]
+        if self.config.adapters:
+            return f"the paper's nugget: trained scorer + LoRA encoder/decoder + soft token ({self.config.selector})"
+        return f"trained scorer only, frozen model (ablation of the paper's nugget; {self.config.selector})"
 
     def setup(self, lm) -> None:
-        from decodebench.models.nugget.training import load_selector
+        self.checkpoint.check_model(lm.model, lm.tokenizer)
+        self.scorer = self.checkpoint.scorer().to(lm.device)
+        if self.config.adapters:
+            self.adapters = self.checkpoint.attach_adapters(lm.model)
+            self.adapters.soft_token.data = self.adapters.soft_token.data.to(lm.device, lm.model.dtype)
+            self.adapters.use("decoder")
 
-        self.scorer = load_selector(self.config.selector, lm.model, lm.tokenizer).to(lm.device)
-        self.hidden_layer = self.scorer.layer
+    def scores(self, lm, document, tail):
+        from decodebench.models.nugget.compressor import layer_hidden_states
 
-    def scores(self, lm, document, tail, hidden):
-        return self.scorer(hidden).float().cpu()
-
-
-class _eager_attention:
-    """Temporarily switch to eager attention, the only kind that returns attention weights."""
-
-    def __init__(self, model):
-        self.model = model
-
-    def __enter__(self):
-        self.previous = self.model.config._attn_implementation
-        self.model.set_attn_implementation("eager")
-
-    def __exit__(self, *exc):
-        self.model.set_attn_implementation(self.previous)
+        hidden = layer_hidden_states(lm.model, document, self.scorer.layer)
+        return self.scorer(hidden.to(next(self.scorer.parameters()).dtype)).float().cpu()
 
 
-# selector= -> class (the names are NuggetConfig's SELECTOR_NAMES; anything else is a trained file)
+# -- the attention a question pays to the document, one layer at a time -------------------------
+_TALLY: contextvars.ContextVar[tuple[torch.Tensor, int] | None] = contextvars.ContextVar("tally", default=None)
+_TALLY_ATTENTION = "decodebench_tally"
+
+
+def _tallying_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """sdpa attention that also adds, to the tally, the attention each of the first ``n`` keys
+    receives (summed over heads and queries); only this layer's weights exist at any time."""
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+    tally = _TALLY.get()
+    if tally is not None:
+        received, n = tally
+        keys = repeat_kv(key, query.shape[1] // key.shape[1])
+        logits = torch.matmul(query.float(), keys.float().transpose(2, 3)) * (scaling or query.shape[-1] ** -0.5)
+        if attention_mask is None:  # causal, the queries being the last positions
+            queries, length = query.shape[2], keys.shape[2]
+            rows = torch.arange(length - queries, length, device=query.device)[:, None]
+            attention_mask = torch.arange(length, device=query.device)[None, :] <= rows
+        if attention_mask.dtype == torch.bool:
+            logits = logits.masked_fill(~attention_mask[..., : keys.shape[2]], float("-inf"))
+        else:
+            logits = logits + attention_mask[..., : keys.shape[2]].float()
+        received += torch.softmax(logits, dim=-1)[..., :n].sum(dim=(0, 1, 2))
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+
+@contextlib.contextmanager
+def tally_received_attention(model, received: torch.Tensor, n: int):
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(_TALLY_ATTENTION, _tallying_attention)
+    AttentionMaskInterface.register(_TALLY_ATTENTION, sdpa_mask)  # the masks sdpa gets
+    previous = model.config._attn_implementation
+    token = _TALLY.set((received, n))
+    model.set_attn_implementation(_TALLY_ATTENTION)
+    try:
+        yield received
+    finally:
+        model.set_attn_implementation(previous)
+        _TALLY.reset(token)
+
+
+# selector= -> class (the names are NuggetConfig's SELECTOR_NAMES; anything else is a checkpoint file)
 SELECTORS = {
-    cls.name: cls for cls in (DelimiterSelector, AttentionSelector, StreamingSelector, TruncationSelector, FullContext)
+    cls.name: cls
+    for cls in (DelimiterSelector, QueryAttentionSelector, StreamingSelector, TruncationSelector, FullContext)
 }
 
 
 def build_selector(config: NuggetConfig) -> Selector:
-    return SELECTORS.get(config.selector, LearnedSelector)(config)
+    return SELECTORS.get(config.selector, TrainedNugget)(config)

@@ -1,0 +1,184 @@
+"""A trained nugget compressor on disk: one safetensors file, checked before any generation.
+
+The file holds the scorer (``scorer.*``), the two LoRA adapters (``encoder.*``, ``decoder.*``)
+and the soft token (``soft_token``), and in its metadata the format, the identity of the model it
+was trained for (sizes, vocabulary fingerprint, a probe of its embedding weights), the adapters'
+settings and how it was trained. safetensors holds tensors only, so reading a file can never
+run code; nothing here ever falls back to pickle.
+
+``read_checkpoint`` checks the file itself (readable, ours, complete, finite) when ``--model
+nugget`` parses its arguments, before the model loads; ``NuggetCheckpoint.check_model`` checks it
+against the loaded model before the first request.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = "decodebench-nugget/2"
+PROBE_SIZE = 64
+
+
+class CheckpointError(ValueError):
+    """A nugget checkpoint that cannot be used; the message says what is wrong with it."""
+
+
+def model_identity(model, tokenizer) -> dict[str, Any]:
+    """What a checkpoint must match: sizes, vocabulary, and a probe of the embedding weights
+    (64 fixed entries, compared with a tolerance so that another dtype of the same model passes)."""
+    from decodebench.metrics.infinigram_index import tokenizer_fingerprint
+
+    weights = model.get_input_embeddings().weight.detach().float().flatten()
+    positions = torch.arange(PROBE_SIZE) * (weights.numel() - 1) // (PROBE_SIZE - 1)
+    return {
+        "hidden_size": int(model.config.hidden_size),
+        "num_hidden_layers": int(model.config.num_hidden_layers),
+        "vocabulary": tokenizer_fingerprint(tokenizer),
+        "embedding_probe": [round(float(v), 6) for v in weights[positions.to(weights.device)].cpu()],
+        "name": str(getattr(model.config, "_name_or_path", "") or ""),
+    }
+
+
+def same_model(saved: dict, actual: dict) -> bool:
+    if any(saved.get(key) != actual[key] for key in ("hidden_size", "num_hidden_layers", "vocabulary")):
+        return False
+    probe, real = saved.get("embedding_probe") or [], actual["embedding_probe"]
+    return len(probe) == len(real) and all(
+        math.isclose(a, b, rel_tol=2e-2, abs_tol=2e-3) for a, b in zip(probe, real, strict=True)
+    )
+
+
+@dataclass
+class NuggetCheckpoint:
+    path: Path
+    identity: dict[str, Any]
+    layer: int
+    ratio: float
+    adapters: dict[str, Any] | None  # {"rank", "alpha", "targets"}, or None for a scorer alone
+    training: dict[str, Any]
+    tensors: dict[str, torch.Tensor] = field(repr=False)
+
+    @property
+    def has_adapters(self) -> bool:
+        return self.adapters is not None
+
+    def check_model(self, model, tokenizer) -> None:
+        actual = model_identity(model, tokenizer)
+        if not same_model(self.identity, actual):
+            raise CheckpointError(
+                f"{self.path} was trained for another model ({_describe(self.identity)}); the model loaded now is "
+                f"{_describe(actual)}. Train one for it with `decodebench train-nugget --pretrained ...`"
+            )
+        if not 0 <= self.layer <= actual["num_hidden_layers"]:
+            raise CheckpointError(f"{self.path}: scorer layer {self.layer} is outside this model's layers")
+
+    def scorer(self):
+        from decodebench.models.nugget.compressor import NuggetScorer
+
+        scorer = NuggetScorer(self.identity["hidden_size"], self.layer)
+        own = {k.removeprefix("scorer."): v for k, v in self.tensors.items() if k.startswith("scorer.")}
+        try:
+            scorer.load_state_dict(own)
+        except RuntimeError as exc:
+            raise CheckpointError(f"{self.path}: the scorer's tensors do not fit ({exc})") from exc
+        return scorer.eval()
+
+    def attach_adapters(self, model):
+        """The checkpoint's adapters and soft token, attached to ``model``."""
+        from decodebench.models.nugget.compressor import NuggetAdapters
+
+        adapters = NuggetAdapters(model, self.adapters["rank"], self.adapters["alpha"], self.adapters["targets"])
+        expected = set(adapters.state_dict())
+        found = {k for k in self.tensors if not k.startswith("scorer.")}
+        if expected != found:
+            missing, extra = sorted(expected - found), sorted(found - expected)
+            raise CheckpointError(
+                f"{self.path}: adapter tensors do not match this model (missing {missing[:3]}, unexpected {extra[:3]})"
+            )
+        adapters.load_state_dict({k: v for k, v in self.tensors.items() if not k.startswith("scorer.")})
+        return adapters
+
+
+def _describe(identity: dict) -> str:
+    name = identity.get("name") or "unnamed"
+    return f"{name}: hidden size {identity.get('hidden_size')}, {identity.get('num_hidden_layers')} layers"
+
+
+def save_checkpoint(
+    path: str | Path,
+    scorer,
+    adapters,
+    identity: dict,
+    ratio: float,
+    training: dict,
+) -> Path:
+    """Write the checkpoint atomically (a reader never sees half a file)."""
+    from safetensors.torch import save_file
+
+    tensors = {f"scorer.{k}": v.detach().cpu().contiguous() for k, v in scorer.state_dict().items()}
+    if adapters is not None:
+        tensors.update({k: v.contiguous() for k, v in adapters.state_dict().items()})
+    metadata = {
+        "format": FORMAT,
+        "model": json.dumps(identity),
+        "layer": str(scorer.layer),
+        "ratio": repr(float(ratio)),
+        "adapters": json.dumps(adapters.describe() if adapters is not None else None),
+        "training": json.dumps(training),
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    save_file(tensors, str(partial), metadata=metadata)
+    os.replace(partial, path)
+    return path
+
+
+def read_checkpoint(path: str | Path) -> NuggetCheckpoint:
+    """The checkpoint at ``path``, or a ``CheckpointError`` naming what is wrong with the file."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(
+            f"selector={str(path)!r} is neither a built-in selector nor an existing checkpoint file "
+            "(train one with `decodebench train-nugget`)"
+        )
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 (not a dict)
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(
+            f"{path} is not a decodebench nugget checkpoint: it cannot be read as a safetensors file ({exc})"
+        ) from exc
+    if metadata.get("format") != FORMAT:
+        raise CheckpointError(
+            f"{path} is not a decodebench nugget checkpoint (format {metadata.get('format')!r}, expected {FORMAT!r}); "
+            "checkpoints come from `decodebench train-nugget`"
+        )
+    try:
+        identity = json.loads(metadata["model"])
+        layer = int(metadata["layer"])
+        ratio = float(metadata["ratio"])
+        adapters = json.loads(metadata["adapters"])
+        training = json.loads(metadata.get("training", "{}"))
+    except (KeyError, ValueError, TypeError) as exc:
+        raise CheckpointError(f"{path}: malformed metadata ({exc!r})") from exc
+    if not isinstance(identity, dict) or not {"hidden_size", "num_hidden_layers", "vocabulary"} <= set(identity):
+        raise CheckpointError(f"{path}: malformed metadata (no model identity)")
+    if not any(key.startswith("scorer.") for key in tensors):
+        raise CheckpointError(f"{path}: no scorer tensors")
+    if adapters is not None and not ({"rank", "alpha", "targets"} <= set(adapters) and "soft_token" in tensors):
+        raise CheckpointError(f"{path}: malformed metadata (adapter settings or the soft token missing)")
+    bad = [key for key, value in tensors.items() if not torch.isfinite(value).all()]
+    if bad:
+        raise CheckpointError(f"{path}: non-finite values (NaN or inf) in {', '.join(sorted(bad)[:5])}")
+    return NuggetCheckpoint(path, identity, layer, ratio, adapters, training, tensors)

@@ -1,0 +1,182 @@
+"""The paper's compressor (Qin et al., "Dynamic contextual compression", section 2.3), shared by
+training (training.py) and decoding (method.py).
+
+- ``NuggetScorer``: Scorer_phi, a 2-layer feed-forward net over the hidden states of layer
+  ``iota = 3`` of the *frozen* model (appendix B.3; the adapters are off for these features);
+- ``layer_hidden_states``: those features, running only the layers below ``iota``;
+- ``NuggetAdapters``: the two LoRA adapters of rank 32 (peft, through transformers' adapter
+  integration): ``encoder`` (phi) builds the nuggets' states, ``decoder`` (theta) reads them and
+  decodes; plus the soft token that sits between the nuggets and what follows them;
+- ``encode_nuggets``: one compression step: score, ``TopK`` (eqs. 14-15, the last token always
+  kept), encode with the encoder adapter, keep the chosen positions of every layer's cache;
+- ``nugget_attention_mask``: the decoder's additive mask over [nuggets; soft token; text], which
+  carries eq. 18's straight-through term ``s - StopGrad(s)`` on the nugget columns when training.
+
+Which projections the adapters wrap is not in the paper; rank 32 on three of the four attention
+projections of LLaMA-7B gives exactly its 25.2M parameters per adapter (table 5), so decodebench
+wraps ``q_proj``, ``k_proj`` and ``v_proj`` (reference/nugget.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from decodebench.kernels.nugget import gather_kv, select_topk, straight_through_bias
+from decodebench.models.nugget.settings import LORA_RANK, SCORER_LAYER
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj")
+ADAPTERS = ("encoder", "decoder")
+
+
+class NuggetScorer(torch.nn.Module):
+    """Scorer_phi: Linear -> ReLU -> Linear(1) over layer ``layer``'s hidden states (appendix B.3)."""
+
+    def __init__(self, hidden_size: int, layer: int = SCORER_LAYER):
+        super().__init__()
+        self.layer = layer
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(hidden_size, hidden_size), torch.nn.ReLU(), torch.nn.Linear(hidden_size, 1)
+        )
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.net(hidden).squeeze(-1)
+
+
+class _StopForward(Exception):
+    def __init__(self, hidden: torch.Tensor):
+        self.hidden = hidden
+
+
+def decoder_layers(model) -> torch.nn.ModuleList:
+    layers = getattr(model.get_decoder(), "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise ValueError(f"nugget compression needs a decoder with a `layers` list; {type(model).__name__} has none")
+    return layers
+
+
+@torch.no_grad()
+def layer_hidden_states(model, input_ids: torch.Tensor, layer: int) -> torch.Tensor:
+    """Hidden states [n, d] after ``layer`` decoder layers (transformers' ``hidden_states[layer]``;
+    0 is the embeddings) of the model without adapters, computing no layer above it."""
+    if layer == 0:
+        return model.get_input_embeddings()(input_ids)[0]
+
+    def stop(module, args, output):
+        raise _StopForward(output[0] if isinstance(output, tuple) else output)
+
+    handle = decoder_layers(model)[layer - 1].register_forward_hook(stop)
+    adapters = NuggetAdapters.attached(model)
+    try:
+        with adapters.disabled() if adapters else contextlib.nullcontext():
+            model(input_ids=input_ids, use_cache=False)
+    except _StopForward as stopped:
+        return stopped.hidden[0]
+    finally:
+        handle.remove()
+    raise RuntimeError(f"layer {layer} was never reached")
+
+
+class NuggetAdapters:
+    """The encoder and decoder LoRA adapters and the soft token, attached to one model."""
+
+    def __init__(self, model, rank: int = LORA_RANK, alpha: float | None = None, targets=LORA_TARGETS):
+        from peft import LoraConfig
+
+        self.model = model
+        self.rank, self.alpha, self.targets = rank, float(alpha if alpha is not None else rank), tuple(targets)
+        for name in ADAPTERS:
+            config = LoraConfig(r=rank, lora_alpha=self.alpha, target_modules=list(self.targets), lora_dropout=0.0)
+            with warnings.catch_warnings():  # two adapters on one model is the point here
+                warnings.filterwarnings("ignore", message="Already found a `peft_config` attribute")
+                model.add_adapter(config, adapter_name=name)
+        self.soft_token = torch.nn.Parameter(model.get_input_embeddings().weight.mean(dim=0).detach().clone())
+        model._decodebench_nugget_adapters = self
+
+    @staticmethod
+    def attached(model) -> NuggetAdapters | None:
+        return getattr(model, "_decodebench_nugget_adapters", None)
+
+    def describe(self) -> dict:
+        return {"rank": self.rank, "alpha": self.alpha, "targets": list(self.targets)}
+
+    def parameters(self, adapter: str) -> list[torch.nn.Parameter]:
+        return [p for name, p in self.model.named_parameters() if "lora_" in name and f".{adapter}." in name]
+
+    def use(self, adapter: str, trainable: bool = False) -> None:
+        """Switch the active adapter (peft marks only the active one trainable; training wants both)."""
+        self.model.set_adapter(adapter)
+        for name in ADAPTERS:
+            for parameter in self.parameters(name):
+                parameter.requires_grad_(trainable)
+
+    @contextlib.contextmanager
+    def disabled(self):
+        self.model.disable_adapters()
+        try:
+            yield
+        finally:
+            self.model.enable_adapters()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        out = {"soft_token": self.soft_token.detach().cpu()}
+        for name in ADAPTERS:
+            for key, value in self.model.get_adapter_state_dict(name).items():
+                out[f"{name}.{key}"] = value.detach().cpu()
+        return out
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        from peft import set_peft_model_state_dict
+
+        for name in ADAPTERS:
+            prefix = f"{name}."
+            own = {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
+            set_peft_model_state_dict(self.model, own, adapter_name=name)
+        with torch.no_grad():
+            self.soft_token.copy_(tensors["soft_token"])
+
+
+@dataclass
+class Nuggets:
+    """The compressed document: every layer's cache at the kept positions, and what was kept."""
+
+    cache: object  # transformers DynamicCache holding k positions per layer
+    indices: torch.Tensor  # [1, k] kept positions, in text order
+    scores: torch.Tensor  # [n] the scorer's scores (with their graph when training)
+    full_kv_bytes: int
+
+
+def cache_bytes(cache) -> int:
+    return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+
+
+def encode_nuggets(model, document: torch.Tensor, scores: torch.Tensor, ratio: float, encoder: bool) -> Nuggets:
+    """Encode ``document`` [1, n] (with the encoder adapter when ``encoder``) and keep ``ceil(n / ratio)``
+    positions of every layer, chosen by ``scores`` [n] (eqs. 14-15)."""
+    from transformers import DynamicCache
+
+    n = document.shape[1]
+    indices, _ = select_topk(scores.detach()[None], torch.tensor([n], device=document.device), ratio)
+    cache = DynamicCache(config=model.config)
+    adapters = NuggetAdapters.attached(model)
+    if encoder:
+        adapters.use("encoder", trainable=torch.is_grad_enabled())
+    with adapters.disabled() if adapters and not encoder else contextlib.nullcontext():
+        model(input_ids=document, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    full = cache_bytes(cache)
+    kept = DynamicCache(ddp_cache_data=[gather_kv(layer.keys, layer.values, indices) for layer in cache.layers])
+    return Nuggets(kept, indices, scores, full)
+
+
+def nugget_attention_mask(nugget_scores: torch.Tensor, length: int, dtype=torch.float32) -> torch.Tensor:
+    """Additive mask [1, 1, length, k + length]: every position sees all k nuggets, then the text
+    causally. The nugget columns carry ``s - StopGrad(s)`` (eq. 18): zero in the forward pass, and
+    in the backward pass each score receives the gradient of every attention logit that reaches its
+    nugget, from every position, head and layer (eq. 17)."""
+    k = nugget_scores.shape[0]
+    causal = torch.full((length, length), float("-inf"), dtype=dtype, device=nugget_scores.device).triu(1)
+    bias = straight_through_bias(nugget_scores.to(dtype))[None, :].expand(length, k)
+    return torch.cat([bias, causal], dim=1)[None, None]

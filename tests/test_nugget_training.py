@@ -1,0 +1,176 @@
+"""The paper's nugget compressor: training (scorer + LoRA + soft token, straight-through), checkpoints
+that are refused when they cannot be trusted, and memory that stays linear in the document."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from decodebench.models.nugget.checkpoint import FORMAT, CheckpointError, read_checkpoint
+from decodebench.models.nugget.training import TrainingSettings, shingles, split_corpus, train
+
+pytestmark = pytest.mark.model
+
+# tiny-model settings: a short run that still shows learning (the tiny model has 2 layers)
+SETTINGS = TrainingSettings(
+    ratio=4, steps=30, context=64, continuation=16, lr=3e-3, layer=1, eval_every=10, save_every=10, held_out_windows=8
+)
+
+
+class Interrupt(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_checkpoint, tmp_path_factory):
+    """A 30-step run interrupted after step 20's evaluation, then resumed by the same command."""
+    out = tmp_path_factory.mktemp("nugget") / "tiny.safetensors"
+    messages = []
+
+    def interrupt_at_20(message):
+        messages.append(message)
+        if message.startswith("step 20:"):
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        train(str(tiny_checkpoint), out, SETTINGS, log=interrupt_at_20, progress=False)
+    assert not out.exists(), "an interrupted run must not leave a checkpoint that looks complete"
+    resumed = []
+    train(str(tiny_checkpoint), out, SETTINGS, log=resumed.append, progress=False)
+    return out, messages, resumed
+
+
+def test_training_lowers_the_held_out_loss_and_resumes_where_it_stopped(trained):
+    out, first, resumed = trained
+    assert any("dropped for sharing text with the evaluation samples" in m for m in first)
+    assert any("resuming from step 10" in m for m in resumed)  # the last save before the interruption
+    checkpoint = read_checkpoint(out)
+    held_out = checkpoint.training["held_out"]
+    assert [step for step, _ in held_out] == [0, 10, 20, 30]
+    assert held_out[-1][1] < held_out[0][1], held_out
+    log = json.loads(out.with_name(out.name + ".log.json").read_text())
+    assert len(log["losses"]) == SETTINGS.steps  # the resumed run did the missing steps, no more
+    assert checkpoint.training["settings"]["ratio"] == 4 and checkpoint.has_adapters
+
+
+def test_a_checkpoint_round_trips_into_nugget_and_runs_with_its_adapters(trained, tiny_checkpoint):
+    from decodebench.models.nugget import Nugget
+
+    out, _, _ = trained
+    saved = read_checkpoint(out)
+    model = Nugget.create({"pretrained": str(tiny_checkpoint), "device": "cpu", "selector": str(out), "ratio": 4})
+    assert model.method.description.startswith("the paper's nugget: trained scorer + LoRA encoder/decoder")
+    adapters = model.method.selector.adapters
+    for key, value in adapters.state_dict().items():
+        torch.testing.assert_close(value, saved.tensors[key])
+    document = "The river Alder flows past the old bridge. It reopened on Monday after a flood. " * 3
+    request = SimpleNamespace(
+        task_name="t", doc_id=0, idx=0, args=(f"{document}\n\nWhat reopened?", {"until": [], "max_gen_toks": 4})
+    )
+    (text,) = model.generate_until([request])
+    assert isinstance(text, str)
+    summary = model.decodebench_recorder.task_summaries()["t"]["method"]
+    assert summary["compressed_requests"] == 1 and summary["selector"] == model.method.description
+    ablation = Nugget.create(
+        {"pretrained": str(tiny_checkpoint), "device": "cpu", "selector": str(out), "ratio": 4, "adapters": False}
+    )
+    assert ablation.method.description.startswith("trained scorer only, frozen model")
+    assert ablation.method.selector.adapters is None
+
+
+def write_variant(source, target, change):
+    """A copy of a checkpoint with its tensors or metadata changed by ``change(tensors, metadata)``."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(source), framework="pt") as handle:
+        metadata = dict(handle.metadata())
+        tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118
+    change(tensors, metadata)
+    save_file(tensors, str(target), metadata=metadata)
+    return target
+
+
+def nan_scorer(tensors, metadata):
+    tensors["scorer.net.0.weight"][0, 0] = float("nan")
+
+
+def other_model(tensors, metadata):
+    identity = json.loads(metadata["model"])
+    identity["embedding_probe"] = [v + 1.0 for v in identity["embedding_probe"]]
+    metadata["model"] = json.dumps(identity)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (nan_scorer, "non-finite values (NaN or inf) in scorer.net.0.weight"),
+        (lambda t, m: m.update(format="decodebench-nugget-selector/1"), "is not a decodebench nugget checkpoint"),
+        (lambda t, m: m.update(model="{not json"), "malformed metadata"),
+        (lambda t, m: t.pop("soft_token"), "adapter settings or the soft token missing"),
+        (lambda t, m: t.pop("encoder.model.layers.0.self_attn.q_proj.lora_A.weight"), "adapter tensors do not match"),
+        (other_model, "was trained for another model"),
+    ],
+)
+def test_a_checkpoint_that_cannot_be_trusted_is_refused_before_generation(
+    trained, tiny_checkpoint, tmp_path, change, message
+):
+    from decodebench.models.nugget import Nugget
+
+    out, _, _ = trained
+    variant = write_variant(out, tmp_path / "variant.safetensors", change)
+    with pytest.raises(CheckpointError) as error:
+        Nugget.create({"pretrained": str(tiny_checkpoint), "device": "cpu", "selector": str(variant)})
+    assert message in str(error.value)
+
+
+def test_garbage_or_pickled_files_are_refused_without_advice_to_load_them_unsafely(tmp_path):
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_bytes(b"\x80\x04not a checkpoint at all" * 50)
+    pickled = tmp_path / "old-selector.pt"
+    torch.save({"format": "decodebench-nugget-selector/1", "state_dict": {}}, pickled)
+    for path in (garbage, pickled):
+        with pytest.raises(CheckpointError) as error:
+            read_checkpoint(path)
+        assert "cannot be read as a safetensors file" in str(error.value)
+        assert "weights_only" not in str(error.value)
+    with pytest.raises(CheckpointError, match="neither a built-in selector nor an existing checkpoint"):
+        read_checkpoint(tmp_path / "missing.safetensors")
+    assert FORMAT == "decodebench-nugget/2"
+
+
+def test_the_corpus_drops_documents_that_share_text_with_the_evaluation_samples():
+    from decodebench.paths import TASKS_DIR
+    from decodebench.taskdata import read_records
+
+    squad = read_records(TASKS_DIR / "squad" / "squad_mini.jsonl")[0]["context"]
+    clean = "A wholly unrelated paragraph about tide pools, barnacles and the sea anemones that live there. " * 3
+    training, held, dropped = split_corpus([clean, f"Prefix words here. {squad[:400]}", clean + " more"])
+    assert dropped == 1 and len(training) + len(held) == 2
+    # the check reads words, not characters: the lowercased, PTB-tokenized copy is caught too
+    ptb = " ".join(squad[:400].lower().replace(",", " ,").replace(".", " .").split())
+    assert shingles(ptb) & shingles(squad)
+
+
+def test_an_8k_token_document_stays_within_a_memory_cap(tiny_checkpoint):
+    """All layers' attention maps over this document would take 2 layers x 4 heads x n^2 x 4 bytes
+    (over 2 GiB); the selectors never hold more than one layer's weights for the question's rows."""
+    from decodebench.models.nugget import Nugget
+
+    document = "The river Alder flows past the old bridge, which reopened on Monday after a flood. " * 460
+    prompt = f"{document}\n\nWhat reopened?"
+    for selector in ("query-attention", "delimiter"):
+        model = Nugget.create(
+            {"pretrained": str(tiny_checkpoint), "device": "cpu", "selector": selector, "max_length": 16384}
+        )
+        request = SimpleNamespace(task_name="t", doc_id=0, idx=0, args=(prompt, {"until": [], "max_gen_toks": 2}))
+        model.generate_until([request])
+        summary = model.decodebench_recorder.task_summaries()["t"]
+        n = summary["method"]["document_tokens"]
+        assert n >= 8000
+        all_layer_maps = 2 * 4 * n * n * 4
+        assert summary["memory_source"] == "cpu-resident-growth"
+        assert summary["peak_memory_bytes"] < 512 * 2**20 < all_layer_maps / 4, (selector, summary["peak_memory_bytes"])
