@@ -67,11 +67,7 @@ def run_rounds(
                 limit=limit,
                 gen_kwargs=gen_kwargs,
             )
-            print(f"\n[round {number}/{rounds}] {side}: {run.shown()}", flush=True)
-            result = run.run()
-            if result is None:
-                raise RuntimeError(f"round {number}: the {side} run failed (its output is above)")
-            produced[side] = result
+            produced[side] = run.run_or_raise(f"[round {number}/{rounds}] {side}")
         done.append(produced)
     return done
 

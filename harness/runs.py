@@ -63,6 +63,14 @@ class LmEvalRun:
             return None
         return newest_results(self.output_path, started)
 
+    def run_or_raise(self, label: str) -> Path:
+        """Show the command under ``label``, run it, and raise if it failed (lm_eval's output says why)."""
+        print(f"\n{label}: {self.shown()}", flush=True)
+        results = self.run()
+        if results is None:
+            raise RuntimeError(f"{label}: lm_eval failed (its output is above)")
+        return results
+
 
 def newest_results(folder: Path, since: float) -> Path | None:
     found = [p for p in Path(folder).glob("**/results_*.json") if p.stat().st_mtime >= since]

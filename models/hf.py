@@ -27,14 +27,8 @@ from transformers.generation.streamers import BaseStreamer
 
 from decodebench.measure.energy import open_meter
 from decodebench.measure.memory import open_memory_meter
-from decodebench.models.base import (
-    DecodeBenchLM,
-    Method,
-    check_complete,
-    check_requests,
-    group_by_task,
-    resolve_pretrained,
-)
+from decodebench.models import base
+from decodebench.models.base import DecodeBenchLM, Method, resolve_pretrained
 from decodebench.models.generation import decoding_record
 
 log = logging.getLogger(__name__)
@@ -150,13 +144,13 @@ class HFBackend(DecodeBenchLM, HFLM):
         results: list[str | None] = [None] * len(requests)
         eos = self.tok_decode(self.eot_token_id, skip_special_tokens=False)
         recorder = self.decodebench_recorder
-        check_requests(requests)
+        base.check_requests(requests)
         pbar = tqdm(
             total=len(requests),
             disable=disable_tqdm or self.rank != 0,
             desc=f"{self.method.name} (hf) generate_until",
         )
-        for task, positions in group_by_task(requests):
+        for task, positions in base.group_by_task(requests):
             for batch in self._batches(requests, positions):
                 contexts = [requests[i].args[0] for i in batch]
                 gen_kwargs = requests[batch[0]].args[1]
@@ -211,7 +205,7 @@ class HFBackend(DecodeBenchLM, HFLM):
                     self.cache_hook.add_partial("generate_until", (contexts[row], gen_kwargs), text)
                     pbar.update(1)
         pbar.close()
-        return check_complete(results)
+        return base.check_complete(results)
 
     def get_model_info(self) -> dict:
         if isinstance(self.pretrained, str) and os.path.isdir(self.pretrained):

@@ -26,14 +26,8 @@ from vllm import EngineArgs, SamplingParams
 
 from decodebench.measure.energy import open_meter
 from decodebench.measure.memory import NoMemory
-from decodebench.models.base import (
-    DecodeBenchLM,
-    Method,
-    check_complete,
-    check_requests,
-    group_by_task,
-    resolve_pretrained,
-)
+from decodebench.models import base
+from decodebench.models.base import DecodeBenchLM, Method, resolve_pretrained
 from decodebench.models.generation import decoding_record
 
 log = logging.getLogger(__name__)
@@ -74,8 +68,8 @@ class VLLMBackend(DecodeBenchLM, VLLM):
         results: list[str | None] = [None] * len(requests)
         eos = self.tokenizer.decode(self.eot_token_id) or getattr(self.tokenizer, "eos_token", None)
         recorder = self.decodebench_recorder
-        check_requests(requests)
-        for task, positions in group_by_task(requests):
+        base.check_requests(requests)
+        for task, positions in base.group_by_task(requests):
             size = self.batch_size if isinstance(self.batch_size, int) else len(positions)
             for batch in (positions[i : i + size] for i in range(0, len(positions), size)):
                 prompts, params, stops = [], [], []
@@ -118,7 +112,7 @@ class VLLMBackend(DecodeBenchLM, VLLM):
                     )
                     results[position] = text
                     self.cache_hook.add_partial("generate_until", requests[position].args, text)
-        return check_complete(results)
+        return base.check_complete(results)
 
     def get_model_info(self) -> dict:
         info = super().get_model_info() if hasattr(super(), "get_model_info") else {}

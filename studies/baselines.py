@@ -10,7 +10,6 @@ stderr), and the generation's length and speed on this machine.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,11 +33,7 @@ def run(doc: str, out: str, limit: int | None, batch_size: str) -> int:
         batch_size=batch_size,
         limit=limit,
     )
-    print(invocation.shown(), flush=True)
-    results = invocation.run()
-    if results is None:
-        print("the baseline run FAILED", file=sys.stderr)
-        return 1
+    results = invocation.run_or_raise("the baseline")
     return write_doc(doc, table(json.loads(results.read_text()), invocation, time.time() - started))
 
 
