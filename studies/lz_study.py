@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -65,6 +64,7 @@ def run_study(
     max_gen_toks: int | None = None,
     seeds: int = 2,
     batch_size: str = "auto",
+    temperatures: tuple[float, ...] = TEMPERATURES,
 ) -> int:
     out = Path(out).resolve()
     started = time.time()
@@ -72,11 +72,13 @@ def run_study(
     plan = [
         (setting, temperature, seed)
         for setting in SETTINGS
-        for temperature in TEMPERATURES
+        for temperature in temperatures
         for seed in (range(1) if temperature == 0 else range(seeds))  # greedy needs one run
     ]
     for number, (setting, temperature, seed) in enumerate(plan, 1):
-        folder = out / f"{setting.name}-t{temperature:g}-s{seed}".replace(" ", "-").replace(",", "").replace("'", "")
+        # the folder names everything that changes a run, so that a rerun reuses only identical runs
+        name = f"{setting.name}-t{temperature:g}-s{seed}-limit{limit or 'all'}-max{max_gen_toks or 'task'}"
+        folder = out / name.replace(" ", "-").replace(",", "").replace("'", "")
         found = sorted(folder.glob("**/results_*.json"))
         if found:  # a rerun reuses finished runs (delete a folder to redo it)
             runs.setdefault((setting.name, temperature), []).append(found[-1])
@@ -96,13 +98,9 @@ def run_study(
             limit=limit,
             gen_kwargs=gen_kwargs(temperature, max_gen_toks),
         )
-        print(f"\n[{number}/{len(plan)}] {run.shown()}", flush=True)
-        results = run.run()
-        if results is None:
-            print(f"{setting.name} at temperature {temperature:g} FAILED", file=sys.stderr)
-            return 1
+        results = run.run_or_raise(f"[{number}/{len(plan)}] {setting.name} at temperature {temperature:g}")
         runs.setdefault((setting.name, temperature), []).append(results)
-    text = study_table(runs, limit, max_gen_toks, seeds, time.time() - started)
+    text = study_table(runs, limit, max_gen_toks, seeds, temperatures, time.time() - started)
     return write_doc(doc, text)
 
 
@@ -115,7 +113,8 @@ def _spread(values: list[float], percent: bool = False) -> str:
     return f"{mean:.1f} ± {std:.1f}{unit}" if percent else f"{mean:.3f} ± {std:.3f}"
 
 
-def study_table(runs: dict, limit, max_gen_toks, seeds: int, seconds: float) -> str:
+def study_table(runs: dict, limit, max_gen_toks, seeds: int, temperatures, seconds: float) -> str:
+    sampled = [f"{t:g}" for t in temperatures if t > 0]
     first = json.loads(next(iter(runs.values()))[0].read_text())
     info = first["config"]["decodebench"]
     n = first["n-samples"][TASK]["effective"]
@@ -125,27 +124,31 @@ def study_table(runs: dict, limit, max_gen_toks, seeds: int, seconds: float) -> 
         "Written by `python studies/lz_study.py"
         + (f" --limit {limit}" if limit else "")
         + (f" --max-gen-toks {max_gen_toks}" if max_gen_toks else "")
-        + f" --seeds {seeds}` (`tox -e lz-study`) on {datetime.now(UTC):%Y-%m-%d} "
+        + f" --seeds {seeds}"
+        + (f" --temperatures {','.join(f'{t:g}' for t in temperatures)}" if temperatures != TEMPERATURES else "")
+        + "` (`tox -e lz-study`)"
+        + f" on {datetime.now(UTC):%Y-%m-%d} "
         f"({seconds / 60:.0f} min of new runs).",
         "",
         f"- model: the embedded SmolLM2-135M-Instruct on vLLM's CPU build, chat template; machine: "
         f"{short_name(info['machine'])}",
         f"- task: `{TASK}`, n = {n} real AIME problems per run, up to {max_gen_toks or 1024} new tokens; score = "
         "lm-eval's AIME exact match",
-        "- sampling: top-p 0.95 and top-k 40 (the paper's), temperature 0 = greedy (one run), 0.5 and 1.0 with "
-        f"{seeds} seeds each; cells are mean ± standard deviation over seeds",
+        "- sampling: top-p 0.95 and top-k 40 (the paper's), temperature 0 = greedy (one run), "
+        f"{' and '.join(sampled)} with {seeds} seeds each; cells are mean ± standard deviation over seeds",
         "- degenerate = one unit repeated back to back at least 20 times, or a drifting chain of such loops "
         "(decodebench.metrics.degenerate_repetition); hit max length = share of generations cut by the limit",
         "- LZ: alpha 0.15, window 512, buffer 32 (the paper's); `authors' codelength` is the authors' released "
         "SGLang penalizer (the default), `propositions' codelength` the paper's propositions 1-2",
         "- cut to fit about an hour on two CPU cores (the paper: 5 runs, 24k tokens, 14B-32B reasoning models): "
-        f"{seeds} seeds, {n} problems, {max_gen_toks or 1024} tokens, one strength per baseline penalty",
+        f"{seeds} seeds, temperatures {', '.join(f'{t:g}' for t in temperatures)}, {n} problems, "
+        f"{max_gen_toks or 1024} tokens, one strength per baseline penalty",
         "",
         "| penalty | temperature | exact match | degenerate rate | hit max length | mean new tokens | runs |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for setting in SETTINGS:
-        for temperature in TEMPERATURES:
+        for temperature in temperatures:
             paths = runs.get((setting.name, temperature), [])
             if not paths:
                 continue
@@ -172,8 +175,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-gen-toks", type=int, default=None, help="override the task's 1024 new tokens")
     parser.add_argument("--seeds", type=int, default=2, help="seeds per sampling temperature (default 2)")
     parser.add_argument("--batch-size", default="auto", help="lm_eval --batch_size (default auto)")
+    parser.add_argument(
+        "--temperatures",
+        type=lambda text: tuple(float(t) for t in text.split(",")),
+        default=TEMPERATURES,
+        help="comma-separated; 0 is greedy (default 0,0.5,1)",
+    )
     args = parser.parse_args(argv)
-    return run_study(args.out, args.doc, args.limit, args.max_gen_toks, args.seeds, args.batch_size)
+    if any(not 0 <= t <= 2 for t in args.temperatures):
+        parser.error(f"temperatures must lie in [0, 2], got {args.temperatures}")
+    return run_study(args.out, args.doc, args.limit, args.max_gen_toks, args.seeds, args.batch_size, args.temperatures)
 
 
 if __name__ == "__main__":

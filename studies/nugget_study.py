@@ -18,6 +18,7 @@ docs/nugget-study.md.
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
@@ -46,15 +47,15 @@ def selector_args(selector: str, checkpoint: Path) -> dict[str, str]:
 class Row:
     """One (selector, ratio) run, read back per document."""
 
-    def __init__(self, name: str, ratio: float | None, results: Path | None = None, press: dict | None = None):
+    def __init__(self, name: str, ratio: float | None, results: list[Path] = (), press: dict | None = None):
         self.name, self.ratio = name, ratio
         self.scores: dict[str, dict[int, float]] = {}
         self.ttft: dict[str, list[float]] = {}
         self.kv_bytes: dict[str, list[int]] = {}
         self.achieved: dict[str, float | None] = {}
         self.peak_memory: dict[str, int | None] = {}
-        if results is not None:
-            self._read_lm_eval(results)
+        for path in results:
+            self._read_lm_eval(path)
         if press is not None:
             for task, values in press.items():
                 self.scores[task] = {int(k): v for k, v in values["scores"].items()}
@@ -82,31 +83,32 @@ class Row:
             self.ttft[task], self.kv_bytes[task] = ttft, kv
 
 
-def run_lm_eval(out: Path, name: str, ratio: float | None, args: dict, tasks: list[str], limit) -> Row:
+def run_lm_eval(out: Path, name: str, ratio: float | None, args: dict, limits: dict[str, int | None]) -> Row:
+    """One lm_eval run per task, so that each task can have its own --limit."""
     label = f"{name}" + (f" @ {ratio:g}" if ratio else "")
-    folder = out / label.replace(" ", "-").replace("@", "r")
-    existing = sorted(folder.glob("**/results_*.json"))
-    if existing:  # a rerun of the study reuses finished runs (delete the folder to redo one)
-        print(f"{label}: reusing {existing[-1]}", flush=True)
-        return Row(name, ratio, existing[-1])
-    run = LmEvalRun(
-        model="nugget",
-        model_args={"pretrained": "embedded", **args, **({"ratio": f"{ratio:g}"} if ratio else {})},
-        tasks=tasks,
-        output_path=folder,
-        limit=limit,
-    )
-    print(f"\n{label}: {run.shown()}", flush=True)
-    results = run.run()
-    if results is None:
-        raise SystemExit(f"{label}: lm_eval failed")
-    return Row(name, ratio, results)
+    paths = []
+    for task, limit in limits.items():
+        folder = out / label.replace(" ", "-").replace("@", "r") / f"{task}-limit{limit or 'all'}"
+        existing = sorted(folder.glob("**/results_*.json"))
+        if existing:  # a rerun of the study reuses finished runs (delete the folder to redo one)
+            print(f"{label}, {task}: reusing {existing[-1]}", flush=True)
+            paths.append(existing[-1])
+            continue
+        run = LmEvalRun(
+            model="nugget",
+            model_args={"pretrained": "embedded", **args, **({"ratio": f"{ratio:g}"} if ratio else {})},
+            tasks=[task],
+            output_path=folder,
+            limit=limit,
+        )
+        paths.append(run.run_or_raise(f"{label}, {task}"))
+    return Row(name, ratio, paths)
 
 
-def kvpress_rows(out: Path, kvpress_python: str, checkpoint: str, ratio: float, limit) -> list[Row]:
+def kvpress_rows(out: Path, kvpress_python: str, checkpoint: str, ratio: float, limits) -> list[Row]:
     items_file, peers_file = out / "kvpress-items.json", out / f"kvpress-r{ratio:g}.json"
     if not peers_file.is_file():
-        items_file.write_text(json.dumps(kvpress_items(limit)))
+        items_file.write_text(json.dumps(kvpress_items(limits)))
         command = [
             kvpress_python,
             str(Path(__file__).with_name("kvpress_peers.py")),
@@ -119,14 +121,14 @@ def kvpress_rows(out: Path, kvpress_python: str, checkpoint: str, ratio: float, 
     return [Row(f"kvpress {press}", ratio, press=peers[press]) for press in PRESSES]
 
 
-def kvpress_items(limit: int | None) -> list[dict]:
+def kvpress_items(limits: dict[str, int | None]) -> list[dict]:
     """Each document of the study's tasks split as ``--model nugget`` splits it (the task's own prompt)."""
     from decodebench.models.nugget import NuggetConfig
 
     split = NuggetConfig.defaults().split
     items = []
     for name in TASKS:
-        task, docs = task_docs(name, limit)
+        task, docs = task_docs(name, limits[name])
         generation = task.config.generation_kwargs
         for doc_id, doc in enumerate(docs):
             document, _, question = task.doc_to_text(doc).rpartition(split)
@@ -149,10 +151,11 @@ def run_study(
     out: str | Path,
     doc: str | Path,
     ratios: list[float],
-    limit: int | None,
+    limits: dict[str, int | None],
     checkpoint: str | None,
     kvpress_python: str | None,
     corpus: str | None,
+    selectors: tuple[str, ...] = OURS,
 ) -> int:
     from decodebench.embedded import ensure_embedded_model
     from decodebench.models.nugget.checkpoint import read_checkpoint
@@ -166,17 +169,20 @@ def run_study(
         print(f"training the nugget compressor -> {trained}", flush=True)
         train(model_path, trained, corpus=corpus)
     training = read_checkpoint(trained).training
-    rows = [run_lm_eval(out, "full", None, {"selector": "full"}, list(TASKS), limit)]
+    rows = [run_lm_eval(out, "full", None, {"selector": "full"}, limits)]
     for ratio in ratios:
-        for name in OURS:
-            rows.append(run_lm_eval(out, name, ratio, selector_args(name, trained), list(TASKS), limit))
+        for name in selectors:
+            rows.append(run_lm_eval(out, name, ratio, selector_args(name, trained), limits))
         if kvpress_python:
-            rows += kvpress_rows(out, kvpress_python, model_path, ratio, limit)
-    text = report(rows, ratios, limit, training, trained, time.time() - started, bool(kvpress_python))
+            rows += kvpress_rows(out, kvpress_python, model_path, ratio, limits)
+    text = report(rows, ratios, limits, training, trained, time.time() - started, bool(kvpress_python))
+    if skipped := [name for name in OURS if name not in selectors]:
+        text += f"Rows not run this time (--selectors): {', '.join(skipped)}.\n"
+
     return write_doc(doc, text)
 
 
-def report(rows: list[Row], ratios, limit, training: dict, checkpoint: Path, seconds: float, kvpress: bool) -> str:
+def report(rows: list[Row], ratios, limits, training: dict, checkpoint: Path, seconds: float, kvpress: bool) -> str:
     from decodebench.measure.machine import describe, short_name
     from decodebench.stats import paired_comparison, quality_interval
 
@@ -192,7 +198,8 @@ def report(rows: list[Row], ratios, limit, training: dict, checkpoint: Path, sec
         "",
         "- model: the embedded SmolLM2-135M-Instruct, greedy, chat template, batch 1; tasks: squad_mini (real SQuAD "
         "v1.1 dev questions, the paper's normalized accuracy) and cnndm_mini (real CNN/DailyMail test articles in "
-        "their original casing, ROUGE-Lsum)" + (f", --limit {limit}" if limit else ""),
+        "their original casing, ROUGE-Lsum)"
+        + "".join(f", {task} --limit {limit}" for task, limit in limits.items() if limit),
         "- the document (before the prompt's last blank line) keeps ceil(n / ratio) tokens; the question or "
         "instruction stays uncompressed",
         f"- `trained` is the paper's method: `decodebench train-nugget` checkpoint `{checkpoint.name}` (scorer on "
@@ -290,21 +297,50 @@ def goals(rows: list[Row], full: Row, ratios) -> list[str]:
     return [*lines, ""]
 
 
+def task_limits(text: str) -> dict[str, int | None]:
+    """``--limit``: one number for every task, or ``task=N`` pairs (tasks not named run whole)."""
+    limits: dict[str, int | None] = dict.fromkeys(TASKS)
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        task, _, number = part.rpartition("=")
+        if task and task not in TASKS:
+            raise argparse.ArgumentTypeError(f"unknown task {task!r}; the study's tasks are {', '.join(TASKS)}")
+        if not number.isdigit() or int(number) < 1:
+            raise argparse.ArgumentTypeError(f"a limit must be a positive integer, got {number!r}")
+        for name in [task] if task else TASKS:
+            limits[name] = int(number)
+    return limits
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = doc_parser(__doc__, "docs/nugget-study.md")
     parser.add_argument("--ratios", default="5,10", help="compression ratios, comma-separated (default 5,10)")
     parser.add_argument(
         "--out", default="results/nugget-study", help="lm_eval output folder (finished runs are reused)"
     )
-    parser.add_argument("--limit", type=int, default=None, help="documents per task (default: all)")
+    parser.add_argument(
+        "--limit",
+        type=task_limits,
+        default=task_limits(""),
+        help="documents per task: N for both, or squad_mini=N,cnndm_mini=M (default: all)",
+    )
     parser.add_argument(
         "--checkpoint", default=None, help="a train-nugget checkpoint (default: the default one, trained if missing)"
     )
     parser.add_argument("--corpus", default=None, help="training text when a checkpoint must be trained first")
     parser.add_argument("--kvpress-python", default=None, help="python of an environment with kvpress")
+    parser.add_argument(
+        "--selectors",
+        default=",".join(OURS),
+        help="rows besides full context, comma-separated (default: all of " + ", ".join(OURS) + ")",
+    )
     args = parser.parse_args(argv)
     ratios = [float(r) for r in args.ratios.split(",")]
-    return run_study(args.out, args.doc, ratios, args.limit, args.checkpoint, args.kvpress_python, args.corpus)
+    selectors = tuple(s.strip() for s in args.selectors.split(",") if s.strip())
+    if unknown := sorted(set(selectors) - set(OURS)):
+        parser.error(f"unknown selectors {unknown}; choose from {', '.join(OURS)}")
+    return run_study(
+        args.out, args.doc, ratios, args.limit, args.checkpoint, args.kvpress_python, args.corpus, selectors
+    )
 
 
 if __name__ == "__main__":

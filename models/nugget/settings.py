@@ -14,7 +14,7 @@ LORA_RANK = 32
 @dataclass(frozen=True)
 class TrainingSettings:
     ratio: float = 10.0
-    steps: int = 600
+    steps: int = 1500
     context: int = 256  # longest compressed part (the paper: 512)
     continuation: int = 64  # continued part (the paper: up to 128)
     lr: float = 5e-4
@@ -23,7 +23,7 @@ class TrainingSettings:
     layer: int = SCORER_LAYER
     seed: int = 0
     held_out_windows: int = 24
-    eval_every: int = 100
+    eval_every: int = 250
     save_every: int = 25
 
     def check(self) -> None:
