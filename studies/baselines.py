@@ -42,7 +42,8 @@ def table(results: dict, invocation: LmEvalRun, seconds: float) -> str:
     lines = [
         "# The baseline on the bundled real samples",
         "",
-        f"Written by `python studies/baselines.py` (`tox -e baselines`) on {datetime.now(UTC):%Y-%m-%d} "
+        f"Written by `python studies/baselines.py{f' --limit {invocation.limit}' if invocation.limit else ''}` "
+        f"(`tox -e baselines`) on {datetime.now(UTC):%Y-%m-%d} "
         f"({seconds / 60:.0f} min), machine: {short_name(info['machine'])}.",
         "",
         f"- command: `{invocation.shown()}`",

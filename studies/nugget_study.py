@@ -54,6 +54,7 @@ class Row:
         self.kv_bytes: dict[str, list[int]] = {}
         self.achieved: dict[str, float | None] = {}
         self.peak_memory: dict[str, int | None] = {}
+        self.machine: dict | None = None
         for path in results:
             self._read_lm_eval(path)
         if press is not None:
@@ -65,6 +66,7 @@ class Row:
         from decodebench.reports.reader import read_run
 
         run = read_run(path)
+        self.machine = json.loads(path.read_text())["config"]["decodebench"]["machine"]
         for task, (metric, _) in TASKS.items():
             result = run.tasks.get(task)
             if result is None:
@@ -183,18 +185,21 @@ def run_study(
 
 
 def report(rows: list[Row], ratios, limits, training: dict, checkpoint: Path, seconds: float, kvpress: bool) -> str:
-    from decodebench.measure.machine import describe, short_name
+    from decodebench.measure.machine import short_name
     from decodebench.stats import paired_comparison, quality_interval
 
     full = rows[0]
     held = training.get("held_out") or [[0, float("nan")]]
     settings = training.get("settings", {})
     lines = [
-        "# Nugget study: quality kept at ratios " + " and ".join(f"{r:g}" for r in ratios) + " on the embedded model",
+        f"# Nugget study: quality kept at ratio{'s' if len(ratios) > 1 else ''} "
+        + " and ".join(f"{r:g}" for r in ratios)
+        + " on the embedded model",
         "",
-        f"Written by `python studies/nugget_study.py` (`tox -e kvpress,nugget-study`) on "
-        f"{datetime.now(UTC):%Y-%m-%d} ({seconds / 3600:.1f} h including reused runs), machine: "
-        f"{short_name(describe('cpu'))}.",
+        f"Written by `python studies/nugget_study.py{''.join(' ' + a for a in sys.argv[1:])}` "
+        "(`tox -e kvpress,nugget-study`) on "
+        f"{datetime.now(UTC):%Y-%m-%d} ({seconds / 60:.0f} min of new runs), machine of the runs: "
+        f"{short_name(full.machine or {})}.",
         "",
         "- model: the embedded SmolLM2-135M-Instruct, greedy, chat template, batch 1; tasks: squad_mini (real SQuAD "
         "v1.1 dev questions, the paper's normalized accuracy) and cnndm_mini (real CNN/DailyMail test articles in "

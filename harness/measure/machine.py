@@ -71,4 +71,4 @@ def short_name(info: dict[str, Any]) -> str:
         gpus = info["gpus"]
         return f"{len(gpus)} x {gpus[0]}" if len(gpus) > 1 else gpus[0]
     cpus = info.get("usable_cpus") or info.get("cpu_count")
-    return f"{cpus} cores {info.get('cpu', '?')}, no GPU"
+    return f"{cpus} core{'s' if cpus != 1 else ''} {info.get('cpu', '?')}, no GPU"
