@@ -27,7 +27,7 @@ def test_lz_penalty_decode_step(benchmark, batch):
     history = torch.randint(0, 49152, (batch, lz.window + lz.buffer))
     lengths = torch.full((batch,), lz.window + lz.buffer)
     logits = torch.randn(batch, 49152)
-    benchmark(apply_lz_penalty_, logits, history, lengths, lz.strength, lz.window, lz.buffer)
+    benchmark(apply_lz_penalty_, logits, history, lengths, lz.strength, lz.window, lz.buffer, lz.codelength)
 
 
 def test_mtad_verification(benchmark):
