@@ -145,7 +145,6 @@ class Nuggets:
 
     cache: object  # transformers DynamicCache holding k positions per layer
     indices: torch.Tensor  # [1, k] kept positions, in text order
-    scores: torch.Tensor  # [n] the scorer's scores (with their graph when training)
     full_kv_bytes: int
 
 
@@ -168,7 +167,7 @@ def encode_nuggets(model, document: torch.Tensor, scores: torch.Tensor, ratio: f
         model(input_ids=document, past_key_values=cache, use_cache=True, logits_to_keep=1)
     full = cache_bytes(cache)
     kept = DynamicCache(ddp_cache_data=[gather_kv(layer.keys, layer.values, indices) for layer in cache.layers])
-    return Nuggets(kept, indices, scores, full)
+    return Nuggets(kept, indices, full)
 
 
 def nugget_attention_mask(nugget_scores: torch.Tensor, length: int, dtype=torch.float32) -> torch.Tensor:
