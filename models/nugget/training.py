@@ -256,8 +256,13 @@ def train(
     train_windows = Windows(tokenizer, training_docs, settings)
     held_rng = random.Random(settings.seed + 1)
     held_windows = [Windows(tokenizer, held_docs, settings).sample(held_rng) for _ in range(settings.held_out_windows)]
-    record = {"settings": asdict(settings), "corpus": corpus_name, "dropped_documents": dropped, "losses": []}
-    record["held_out"] = []
+    record = {
+        "settings": asdict(settings),
+        "corpus": corpus_name,
+        "dropped_documents": dropped,
+        "losses": [],
+        "held_out": [],
+    }
     start = 0
     if resume_path.is_file():
         start = _resume(resume_path, settings, scorer, adapters, optimizer, schedule, rng, record)
