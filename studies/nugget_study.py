@@ -85,8 +85,11 @@ class Row:
             self.ttft[task], self.kv_bytes[task] = ttft, kv
 
 
-def run_lm_eval(out: Path, name: str, ratio: float | None, args: dict, limits: dict[str, int | None]) -> Row:
-    """One lm_eval run per task, so that each task can have its own --limit."""
+def run_lm_eval(
+    out: Path, name: str, ratio: float | None, args: dict, limits: dict[str, int | None], missing: list | None = None
+) -> Row:
+    """One lm_eval run per task, so that each task can have its own --limit. With a ``missing`` list,
+    nothing new runs: a run not found is named there and its row left out of that task's table."""
     label = f"{name}" + (f" @ {ratio:g}" if ratio else "")
     paths = []
     for task, limit in limits.items():
@@ -95,6 +98,9 @@ def run_lm_eval(out: Path, name: str, ratio: float | None, args: dict, limits: d
         if existing:  # a rerun of the study reuses finished runs (delete the folder to redo one)
             print(f"{label}, {task}: reusing {existing[-1]}", flush=True)
             paths.append(existing[-1])
+            continue
+        if missing is not None:
+            missing.append(f"{label} on {task}")
             continue
         run = LmEvalRun(
             model="nugget",
@@ -107,8 +113,11 @@ def run_lm_eval(out: Path, name: str, ratio: float | None, args: dict, limits: d
     return Row(name, ratio, paths)
 
 
-def kvpress_rows(out: Path, kvpress_python: str, checkpoint: str, ratio: float, limits) -> list[Row]:
+def kvpress_rows(out: Path, kvpress_python: str, checkpoint: str, ratio: float, limits, missing=None) -> list[Row]:
     items_file, peers_file = out / "kvpress-items.json", out / f"kvpress-r{ratio:g}.json"
+    if not peers_file.is_file() and missing is not None:
+        missing.append(f"kvpress presses @ {ratio:g}")
+        return []
     if not peers_file.is_file():
         items_file.write_text(json.dumps(kvpress_items(limits)))
         command = [
@@ -158,6 +167,7 @@ def run_study(
     kvpress_python: str | None,
     corpus: str | None,
     selectors: tuple[str, ...] = OURS,
+    reuse_only: bool = False,
 ) -> int:
     from decodebench.embedded import ensure_embedded_model
     from decodebench.models.nugget.checkpoint import read_checkpoint
@@ -171,15 +181,18 @@ def run_study(
         print(f"training the nugget compressor -> {trained}", flush=True)
         train(model_path, trained, corpus=corpus)
     training = read_checkpoint(trained).training
-    rows = [run_lm_eval(out, "full", None, {"selector": "full"}, limits)]
+    missing: list[str] | None = [] if reuse_only else None
+    rows = [run_lm_eval(out, "full", None, {"selector": "full"}, limits, missing)]
     for ratio in ratios:
         for name in selectors:
-            rows.append(run_lm_eval(out, name, ratio, selector_args(name, trained), limits))
+            rows.append(run_lm_eval(out, name, ratio, selector_args(name, trained), limits, missing))
         if kvpress_python:
-            rows += kvpress_rows(out, kvpress_python, model_path, ratio, limits)
+            rows += kvpress_rows(out, kvpress_python, model_path, ratio, limits, missing)
     text = report(rows, ratios, limits, training, trained, time.time() - started, bool(kvpress_python))
     if skipped := [name for name in OURS if name not in selectors]:
         text += f"Rows not run this time (--selectors): {', '.join(skipped)}.\n"
+    if missing:
+        text += f"Runs not found and left out (--reuse-only): {', '.join(missing)}.\n"
 
     return write_doc(doc, text)
 
@@ -338,13 +351,26 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(OURS),
         help="rows besides full context, comma-separated (default: all of " + ", ".join(OURS) + ")",
     )
+    parser.add_argument(
+        "--reuse-only",
+        action="store_true",
+        help="start no new lm_eval run: write the document from the finished runs under --out, naming those missing",
+    )
     args = parser.parse_args(argv)
     ratios = [float(r) for r in args.ratios.split(",")]
     selectors = tuple(s.strip() for s in args.selectors.split(",") if s.strip())
     if unknown := sorted(set(selectors) - set(OURS)):
         parser.error(f"unknown selectors {unknown}; choose from {', '.join(OURS)}")
     return run_study(
-        args.out, args.doc, ratios, args.limit, args.checkpoint, args.kvpress_python, args.corpus, selectors
+        args.out,
+        args.doc,
+        ratios,
+        args.limit,
+        args.checkpoint,
+        args.kvpress_python,
+        args.corpus,
+        selectors,
+        args.reuse_only,
     )
 
 
