@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = doc_parser(__doc__, "docs/nugget-objective.md")
     parser.add_argument("--checkpoint", default=None, help="a train-nugget checkpoint (default: the default one)")
     parser.add_argument("--ratios", default="5,10", help="compression ratios, comma-separated (default 5,10)")
-    parser.add_argument("--windows", type=int, default=200, help="held-out windows to score (default 200)")
+    parser.add_argument("--windows", type=int, default=100, help="held-out windows to score (default 100)")
     parser.add_argument("--questions", type=int, default=None, help="squad_mini questions (default: all 500)")
     args = parser.parse_args(argv)
     checkpoint = Path(args.checkpoint) if args.checkpoint else default_checkpoint("embedded", 10)
