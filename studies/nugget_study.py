@@ -230,7 +230,8 @@ def report(rows: list[Row], ratios, limits, training: dict, checkpoint: Path, se
         "`truncation` and `streaming` (StreamingLLM, 4 sinks) are peers",
         "- interval: 95% (Wilson for accuracy, bootstrap for ROUGE); vs full: paired on the same documents "
         "(McNemar exact for accuracy, paired bootstrap for ROUGE); KV: the document's kept key/value bytes per row; "
-        "TTFT: p50 over rows; peak memory: the task's largest window growth (resident memory on this CPU)",
+        "TTFT: p50 over rows; peak memory: the task's largest window growth (resident memory on this CPU); both "
+        "from runs on a shared machine, indicative only",
         "",
     ]
     for task, (_, label) in TASKS.items():
@@ -278,6 +279,10 @@ def report(rows: list[Row], ratios, limits, training: dict, checkpoint: Path, se
     lines += [
         "Paper anchors (LLaMA-2-7B-chat, zero-shot, trained on the Pile): SQuAD accuracy full 64.5, 5x 59.1 (92%), "
         "10x 49.8 (77%).",
+        "",
+        "What the compressor learned, on its own training objective (held-out continuation loss per selector) and "
+        "on where squad_mini's answers lie among the kept tokens: docs/nugget-objective.md (`tox -e "
+        "nugget-objective`).",
         "",
     ]
     return "\n".join(lines)
