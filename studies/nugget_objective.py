@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import random
 import statistics
 import sys
 import time
@@ -69,18 +68,16 @@ def kept_positions(scores: torch.Tensor, n: int, ratio: float) -> set[int]:
     return set(select_topk(scores[None], torch.tensor([n]), ratio)[0][0].tolist())
 
 
-def held_out_windows(tokenizer, training: dict, count: int):
+def checkpoint_held_out_windows(tokenizer, training: dict, count: int):
     """The checkpoint's held-out windows, drawn as training drew them (the first ones are its own)."""
     from decodebench.models.nugget.settings import TrainingSettings
-    from decodebench.models.nugget.training import Windows, read_documents, split_corpus
+    from decodebench.models.nugget.training import held_out_windows, read_documents, split_corpus
 
     settings = TrainingSettings(**training["settings"])
-    corpus = training["corpus"]
-    documents, _ = read_documents(None if corpus.startswith("Python's reference") else corpus)
+    corpus = training["corpus"]  # a path, or the description of the default corpus
+    documents, _ = read_documents(corpus if Path(corpus).exists() else None)
     _, held, _ = split_corpus(documents)
-    windows = Windows(tokenizer, held, settings)
-    rng = random.Random(settings.seed + 1)
-    return [windows.sample(rng) for _ in range(count)], settings
+    return held_out_windows(tokenizer, held, settings, count), settings
 
 
 @dataclass
@@ -110,7 +107,7 @@ def measure(checkpoint_path: Path, ratios: list[float], count: int, questions: i
     checkpoint.check_model(model, tokenizer)
     scorer = checkpoint.scorer()
     adapters = checkpoint.attach_adapters(model)
-    windows, settings = held_out_windows(tokenizer, checkpoint.training, count)
+    windows, settings = checkpoint_held_out_windows(tokenizer, checkpoint.training, count)
     sinks = NuggetConfig.defaults().sinks
 
     losses: dict[tuple[str, float | None], list[float]] = {}
@@ -208,12 +205,12 @@ def report(measured: Measured, checkpoint: Path, seconds: float) -> str:
         f"continuation {lengths['continuation']} tokens; every row scores the same continuation tokens 2-"
         f"{lengths['continuation']}",
         "- loss: mean cross-entropy per token (nats) [95% bootstrap interval over windows]; vs streaming: paired "
-        "difference at the same ratio [95% paired bootstrap], p; kept: share of the document's value, "
+        "difference at the same ratio [95% paired bootstrap], p; value kept: share of the document's value, "
         "(L_last - L) / (L_last - L_full); what was kept: mean share of the kept tokens that streaming keeps too, "
         "mean position of the kept tokens (0: the document's start, 1: its end), and how often the first token "
         "(the attention sink) is kept",
         "",
-        "| selector | ratio | loss [95% CI] | perplexity | vs streaming [95% CI], p | kept | same as streaming "
+        "| selector | ratio | loss [95% CI] | perplexity | vs streaming [95% CI], p | value kept | same as streaming "
         "| mean position | first token kept |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -231,17 +228,10 @@ def report(measured: Measured, checkpoint: Path, seconds: float) -> str:
             )
         kept = (statistics.mean(floor) - mean) / value if value > 0 else float("nan")
         chosen = where.get((name, ratio))
-        chose = (
-            " | ".join(
-                (
-                    f"{statistics.mean(c[0] for c in chosen):.0%}",
-                    f"{statistics.mean(c[1] for c in chosen):.2f}",
-                    f"{statistics.mean(c[2] for c in chosen):.0%}",
-                )
-            )
-            if chosen
-            else "- | - | -"
-        )
+        chose = "- | - | -"
+        if chosen:
+            same, position, sink = (statistics.mean(column) for column in zip(*chosen, strict=True))
+            chose = f"{same:.0%} | {position:.2f} | {sink:.0%}"
         lines.append(
             f"| {name} | {f'{ratio:g}' if ratio else '-'} | {mean:.3f} [{interval.low:.3f}, {interval.high:.3f}] "
             f"| {math.exp(mean):.1f} | {versus} | {kept:.0%} | {chose} |"

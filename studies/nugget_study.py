@@ -115,10 +115,10 @@ def run_lm_eval(
 
 def kvpress_rows(out: Path, kvpress_python: str, checkpoint: str, ratio: float, limits, missing=None) -> list[Row]:
     items_file, peers_file = out / "kvpress-items.json", out / f"kvpress-r{ratio:g}.json"
-    if not peers_file.is_file() and missing is not None:
-        missing.append(f"kvpress presses @ {ratio:g}")
-        return []
     if not peers_file.is_file():
+        if missing is not None:  # --reuse-only
+            missing.append(f"kvpress presses @ {ratio:g}")
+            return []
         items_file.write_text(json.dumps(kvpress_items(limits)))
         command = [
             kvpress_python,

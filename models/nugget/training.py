@@ -119,7 +119,11 @@ def split_corpus(documents: list[str]) -> tuple[list[str], list[str], int]:
     kept = [d for d in documents if not (shingles(d) & evaluation)]
     held_out = [hashlib.sha256(d.encode()).digest()[0] < 8 for d in kept]  # 8/256: about 3%
     training = [d for d, held in zip(kept, held_out, strict=True) if not held]
-    return training, [d for d, held in zip(kept, held_out, strict=True) if held], len(documents) - len(kept)
+    held = [d for d, held in zip(kept, held_out, strict=True) if held]
+    if not held:  # a corpus too small for the hash to pick any: hold out its last documents
+        held = training[-max(1, len(training) // 30) :]
+        training = training[: len(training) - len(held)]
+    return training, held, len(documents) - len(kept)
 
 
 class Windows:
@@ -142,6 +146,13 @@ class Windows:
         start = rng.randint(0, len(tokens) - n - s.continuation)
         window = tokens[start : start + n + s.continuation]
         return window[:n], window[n:]
+
+
+def held_out_windows(tokenizer, held_docs: list[str], settings: TrainingSettings, count: int):
+    """The held-out windows training reports its loss on (a fixed draw: the first ``count`` are
+    always the same for the same documents and settings)."""
+    windows, rng = Windows(tokenizer, held_docs, settings), random.Random(settings.seed + 1)
+    return [windows.sample(rng) for _ in range(count)]
 
 
 # -- the objective ---------------------------------------------------------------------------
@@ -234,9 +245,6 @@ def train(
         f"corpus: {corpus_name}: {len(documents)} documents, {dropped} dropped for sharing text with the evaluation "
         f"samples, {len(held_docs)} held out"
     )
-    if not held_docs:
-        held_docs = training_docs[-max(1, len(training_docs) // 30) :]
-        training_docs = training_docs[: len(training_docs) - len(held_docs)]
 
     torch.manual_seed(settings.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -254,8 +262,7 @@ def train(
 
     rng = random.Random(settings.seed)
     train_windows = Windows(tokenizer, training_docs, settings)
-    held_rng = random.Random(settings.seed + 1)
-    held_windows = [Windows(tokenizer, held_docs, settings).sample(held_rng) for _ in range(settings.held_out_windows)]
+    held_windows = held_out_windows(tokenizer, held_docs, settings, settings.held_out_windows)
     record = {
         "settings": asdict(settings),
         "corpus": corpus_name,
