@@ -17,6 +17,8 @@ import argparse
 import json
 from pathlib import Path
 
+PRESSES = ("SnapKV", "observed attention", "StreamingLLM")
+
 
 def score(task: str, answer: str, references: list[str]) -> float:
     from decodebench.metrics import rouge, squad_normalized_accuracy
@@ -32,7 +34,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ratio", type=float, required=True)
     parser.add_argument("--items", required=True, help="JSON list written by nugget_study.py")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--device", default="cpu", help="torch device for the pipeline (default cpu)")
+    parser.add_argument(
+        "--presses", default=",".join(PRESSES), help=f"comma-separated subset of {', '.join(PRESSES)} (default all)"
+    )
     args = parser.parse_args(argv)
+    chosen = [name.strip() for name in args.presses.split(",") if name.strip()]
+    if unknown := [name for name in chosen if name not in PRESSES]:
+        parser.error(f"unknown press(es) {unknown}; known: {', '.join(PRESSES)}")
 
     import torch
     from kvpress import ObservedAttentionPress, SnapKVPress, StreamingLLMPress
@@ -44,11 +53,12 @@ def main(argv: list[str] | None = None) -> int:
         "observed attention": ObservedAttentionPress(compression_ratio=dropped),
         "StreamingLLM": StreamingLLMPress(compression_ratio=dropped),
     }
+    presses = {name: presses[name] for name in chosen}
     # observed attention needs the attention weights, which only eager attention returns
     pipe = pipeline(
         "kv-press-text-generation",
         model=args.checkpoint,
-        device="cpu",
+        device=args.device,
         dtype=torch.float32,
         model_kwargs={"attn_implementation": "eager"},
     )

@@ -28,12 +28,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from common import doc_parser, task_docs, write_doc
+from kvpress_peers import PRESSES
 
 from decodebench.runs import LmEvalRun, offline_env
 
 TASKS = {"squad_mini": ("normalized_accuracy", "accuracy"), "cnndm_mini": ("rougeLsum", "ROUGE-Lsum")}
 OURS = ("trained", "scorer only", "delimiter", "truncation", "streaming", "query-attention")
-PRESSES = ("SnapKV", "observed attention", "StreamingLLM")
 
 
 def selector_args(selector: str, checkpoint: Path) -> dict[str, str]:
@@ -54,7 +54,8 @@ class Row:
         self.kv_bytes: dict[str, list[int]] = {}
         self.achieved: dict[str, float | None] = {}
         self.peak_memory: dict[str, int | None] = {}
-        self.machine: dict | None = None
+        self.machines: dict[str, dict] = {}  # per task: a row's tasks may have run on different machines
+        self.outputs: dict[str, dict[int, str]] = {}  # per task: doc_id -> the generation lm_eval scored
         for path in results:
             self._read_lm_eval(path)
         if press is not None:
@@ -66,23 +67,26 @@ class Row:
         from decodebench.reports.reader import read_run
 
         run = read_run(path)
-        self.machine = json.loads(path.read_text())["config"]["decodebench"]["machine"]
+        machine = json.loads(path.read_text())["config"]["decodebench"]["machine"]
         for task, (metric, _) in TASKS.items():
             result = run.tasks.get(task)
             if result is None:
                 continue
+            self.machines[task] = machine
             self.scores[task] = {key[0]: value for key, value in result.per_document.get(metric, {}).items()}
             summary = result.measurement or {}
             self.achieved[task] = (summary.get("method") or {}).get("achieved_ratio")
             self.peak_memory[task] = summary.get("peak_memory_bytes")
-            ttft, kv = [], []
+            ttft, kv, outputs = [], [], {}
             for line in result.samples_file.read_text().splitlines():
-                for record in json.loads(line).get("decodebench", []):
+                sample = json.loads(line)
+                outputs[sample["doc_id"]] = sample["filtered_resps"][0]
+                for record in sample.get("decodebench", []):
                     if record.get("ttft_s") is not None:
                         ttft.append(record["ttft_s"])
                     stats = record.get("method_stats", {})
                     kv.append(stats.get("document_kv_bytes_kept", stats.get("kv_bytes_at_decode_start", 0)))
-            self.ttft[task], self.kv_bytes[task] = ttft, kv
+            self.ttft[task], self.kv_bytes[task], self.outputs[task] = ttft, kv, outputs
 
 
 def run_lm_eval(
@@ -168,6 +172,7 @@ def run_study(
     corpus: str | None,
     selectors: tuple[str, ...] = OURS,
     reuse_only: bool = False,
+    cross_check: str | None = None,
 ) -> int:
     from decodebench.embedded import ensure_embedded_model
     from decodebench.models.nugget.checkpoint import read_checkpoint
@@ -189,6 +194,8 @@ def run_study(
         if kvpress_python:
             rows += kvpress_rows(out, kvpress_python, model_path, ratio, limits, missing)
     text = report(rows, ratios, limits, training, trained, time.time() - started, bool(kvpress_python))
+    if cross_check:
+        text += "\n" + "\n".join(across_machines(rows, Path(cross_check).resolve(), limits)) + "\n"
     if skipped := [name for name in OURS if name not in selectors]:
         text += f"Rows not run this time (--selectors): {', '.join(skipped)}.\n"
     if missing:
@@ -211,8 +218,9 @@ def report(rows: list[Row], ratios, limits, training: dict, checkpoint: Path, se
         "",
         f"Written by `python studies/nugget_study.py{''.join(' ' + a for a in sys.argv[1:])}` "
         "(`tox -e kvpress,nugget-study`) on "
-        f"{datetime.now(UTC):%Y-%m-%d} ({seconds / 60:.0f} min of new runs), machine of the runs: "
-        f"{short_name(full.machine or {})}.",
+        f"{datetime.now(UTC):%Y-%m-%d} ({seconds / 60:.0f} min of new runs), machines of the runs: "
+        f"{'; '.join(sorted({short_name(m) for row in rows for m in row.machines.values()}))} (each row's in its "
+        "table).",
         "",
         "- model: the embedded SmolLM2-135M-Instruct, greedy, chat template, batch 1; tasks: squad_mini (real SQuAD "
         "v1.1 dev questions, the paper's normalized accuracy) and cnndm_mini (real CNN/DailyMail test articles in "
@@ -230,8 +238,9 @@ def report(rows: list[Row], ratios, limits, training: dict, checkpoint: Path, se
         "`truncation` and `streaming` (StreamingLLM, 4 sinks) are peers",
         "- interval: 95% (Wilson for accuracy, bootstrap for ROUGE); vs full: paired on the same documents "
         "(McNemar exact for accuracy, paired bootstrap for ROUGE); KV: the document's kept key/value bytes per row; "
-        "TTFT: p50 over rows; peak memory: the task's largest window growth (resident memory on this CPU); both "
-        "from runs on a shared machine, indicative only",
+        "TTFT: p50 over rows; peak memory: the task's largest window growth (resident memory on a CPU, the CUDA "
+        "allocator's peak on a GPU). TTFT and memory come from runs that shared their machine with other rows: "
+        "indicative only, and not comparable across machines; the scores are (see Across machines)",
         "",
     ]
     for task, (_, label) in TASKS.items():
@@ -243,8 +252,8 @@ def report(rows: list[Row], ratios, limits, training: dict, checkpoint: Path, se
             f"## {task} ({label}, n = {len(reference)})",
             "",
             f"| selector | ratio | {label} [95% CI] | share of full | vs full: difference [95% CI], p "
-            "| achieved ratio | document KV / row (KiB) | TTFT p50 (s) | peak memory (MiB) |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| achieved ratio | document KV / row (KiB) | TTFT p50 (s) | peak memory (MiB) | machine |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
         for row in rows:
             values = row.scores.get(task)
@@ -270,7 +279,8 @@ def report(rows: list[Row], ratios, limits, training: dict, checkpoint: Path, se
                 f"[{interval.low:.3f}, {interval.high:.3f}] | {mean / base:.0%} | {versus} "
                 f"| {f'{achieved:.2f}' if achieved else '-'} | {f'{statistics.mean(kv) / 1024:.0f}' if kv else '-'} "
                 f"| {f'{statistics.median(ttft):.3f}' if ttft else '-'} "
-                f"| {f'{memory / 2**20:.0f}' if memory else '-'} |"
+                f"| {f'{memory / 2**20:.0f}' if memory else '-'} "
+                f"| {short_name(row.machines[task]) if task in row.machines else 'kvpress run'} |"
             )
         lines.append("")
     if not kvpress:
@@ -286,6 +296,29 @@ def report(rows: list[Row], ratios, limits, training: dict, checkpoint: Path, se
         "",
     ]
     return "\n".join(lines)
+
+
+def across_machines(rows: list[Row], other_out: Path, limits: dict[str, int | None]) -> list[str]:
+    """The same runs repeated on another machine (finished runs under ``other_out``): do they generate the
+    same text? Greedy decoding can differ with a backend's numerics; the study mixes machines only if not."""
+    from decodebench.measure.machine import short_name
+
+    lines = ["## Across machines", "", f"The same runs repeated under `{other_out.name}`, document by document:", ""]
+    for row in rows:
+        other = run_lm_eval(other_out, row.name, row.ratio, {}, limits, missing=[])
+        for task, outputs in row.outputs.items():
+            repeated = other.outputs.get(task)
+            if not repeated or short_name(other.machines[task]) == short_name(row.machines[task]):
+                continue
+            shared = sorted(set(outputs) & set(repeated))
+            identical = sum(outputs[d] == repeated[d] for d in shared)
+            mean, again = (statistics.mean(r.scores[task][d] for d in shared) for r in (row, other))
+            lines.append(
+                f"- {row.name}{f' @ {row.ratio:g}' if row.ratio else ''} on {task}: {identical} / {len(shared)} "
+                f"generations identical between {short_name(row.machines[task])} and "
+                f"{short_name(other.machines[task])} (score {mean:.3f} vs {again:.3f})"
+            )
+    return [*lines, ""] if len(lines) > 4 else [*lines, "- no run was repeated on another machine", ""]
 
 
 def goals(rows: list[Row], full: Row, ratios) -> list[str]:
@@ -361,6 +394,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="start no new lm_eval run: write the document from the finished runs under --out, naming those missing",
     )
+    parser.add_argument(
+        "--cross-check",
+        default=None,
+        help="a second --out folder with some of the same runs made on another machine: the document says how many "
+        "generations agree",
+    )
     args = parser.parse_args(argv)
     ratios = [float(r) for r in args.ratios.split(",")]
     selectors = tuple(s.strip() for s in args.selectors.split(",") if s.strip())
@@ -376,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         args.corpus,
         selectors,
         args.reuse_only,
+        args.cross_check,
     )
 
 
