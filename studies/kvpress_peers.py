@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     from kvpress import ObservedAttentionPress, SnapKVPress, StreamingLLMPress
+    from tqdm import tqdm
     from transformers import pipeline
 
     dropped = 1 - 1 / args.ratio
@@ -63,11 +64,18 @@ def main(argv: list[str] | None = None) -> int:
         model_kwargs={"attn_implementation": "eager"},
     )
     items = json.loads(Path(args.items).read_text())
+    if "SnapKV" in presses and (short := too_short(pipe, items, presses["SnapKV"].window_size)):
+        # kvpress asserts this mid-run, after the presses before it have spent their time
+        raise SystemExit(
+            f"kvpress's SnapKV scores a document by the attention of its last {presses['SnapKV'].window_size} "
+            "tokens and refuses documents (with the chat template) no longer than that; these are: "
+            + "; ".join(f"{task} doc_id {', '.join(map(str, ids))}" for task, ids in short.items())
+            + ". Leave SnapKV out (--presses) or give longer documents."
+        )
     results: dict[str, dict[str, dict]] = {}
     for name, press in presses.items():
-        print(f"kvpress {name} ...", flush=True)
         per_task: dict[str, dict] = {}
-        for item in items:
+        for item in tqdm(items, desc=f"kvpress {name} @ {args.ratio:g}"):
             answer = pipe(item["document"], question=item["question"], press=press, max_new_tokens=item["max_new"])
             text = answer["answer"]
             for stop in item["stop"]:
@@ -77,8 +85,19 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = per_task
         means = {task: sum(v["scores"].values()) / len(v["scores"]) for task, v in per_task.items()}
         print(f"   {means}", flush=True)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+        # each finished press is kept, even if a later one fails
+        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     return 0
+
+
+def too_short(pipe, items: list[dict], window: int) -> dict[str, list[int]]:
+    """Documents whose context, as kvpress's pipeline tokenizes it, has no more than ``window`` tokens."""
+    short: dict[str, list[int]] = {}
+    for item in items:
+        ids = pipe.preprocess(item["document"], [item["question"]], "", max_context_length=2**31)["context_ids"]
+        if ids.shape[1] <= window:
+            short.setdefault(item["task"], []).append(item["doc_id"])
+    return short
 
 
 if __name__ == "__main__":

@@ -133,7 +133,9 @@ def kvpress_rows(out: Path, kvpress_python: str, checkpoint: str, ratio: float, 
         if subprocess.call(command, env=offline_env()) != 0:
             raise SystemExit("the kvpress run failed; see its output above")
     peers = json.loads(peers_file.read_text())
-    return [Row(f"kvpress {press}", ratio, press=peers[press]) for press in PRESSES]
+    if missing is not None:
+        missing += [f"kvpress {press} @ {ratio:g}" for press in PRESSES if press not in peers]
+    return [Row(f"kvpress {press}", ratio, press=peers[press]) for press in PRESSES if press in peers]
 
 
 def kvpress_items(limits: dict[str, int | None]) -> list[dict]:
