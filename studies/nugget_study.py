@@ -118,24 +118,34 @@ def run_lm_eval(
 
 
 def kvpress_rows(out: Path, kvpress_python: str, checkpoint: str, ratio: float, limits, missing=None) -> list[Row]:
-    items_file, peers_file = out / "kvpress-items.json", out / f"kvpress-r{ratio:g}.json"
-    if not peers_file.is_file():
-        if missing is not None:  # --reuse-only
-            missing.append(f"kvpress presses @ {ratio:g}")
-            return []
-        items_file.write_text(json.dumps(kvpress_items(limits)))
-        command = [
-            kvpress_python,
-            str(Path(__file__).with_name("kvpress_peers.py")),
-            *("--checkpoint", checkpoint, "--ratio", str(ratio), "--items", str(items_file), "--out", str(peers_file)),
-        ]
-        print(f"\nkvpress presses @ {ratio:g}: {' '.join(command)}", flush=True)
-        if subprocess.call(command, env=offline_env()) != 0:
-            raise SystemExit("the kvpress run failed; see its output above")
-    peers = json.loads(peers_file.read_text())
-    if missing is not None:
-        missing += [f"kvpress {press} @ {ratio:g}" for press in PRESSES if press not in peers]
-    return [Row(f"kvpress {press}", ratio, press=peers[press]) for press in PRESSES if press in peers]
+    """kvpress's presses at ``ratio``: one kvpress process per task, its file named by the task and its limit so
+    that a rerun with other limits never reuses it. A press kvpress cannot apply to a task is named in ``notes``."""
+    per_press: dict[str, dict] = {}
+    for task, limit in limits.items():
+        peers_file = out / f"kvpress-r{ratio:g}" / f"{task}-limit{limit or 'all'}.json"
+        if not peers_file.is_file():
+            if missing is not None:  # --reuse-only
+                missing.append(f"kvpress presses @ {ratio:g} on {task}")
+                continue
+            items_file = peers_file.with_suffix(".items.json")
+            items_file.parent.mkdir(parents=True, exist_ok=True)
+            items_file.write_text(json.dumps(kvpress_items({task: limit})))
+            command = [
+                *(kvpress_python, str(Path(__file__).with_name("kvpress_peers.py")), "--skip-refused"),
+                *("--checkpoint", checkpoint, "--ratio", str(ratio), "--items", str(items_file)),
+                *("--out", str(peers_file)),
+            ]
+            print(f"\nkvpress presses @ {ratio:g} on {task}: {' '.join(command)}", flush=True)
+            if subprocess.call(command, env=offline_env()) != 0:
+                raise SystemExit("the kvpress run failed; see its output above")
+        peers = json.loads(peers_file.read_text())
+        for press in PRESSES:
+            if press in peers:
+                per_press.setdefault(press, {}).update(peers[press])
+            elif missing is not None:
+                reason = peers.get("refused", {}).get(press, "not in the file")
+                missing.append(f"kvpress {press} @ {ratio:g} on {task} ({reason})")
+    return [Row(f"kvpress {press}", ratio, press=per_press[press]) for press in PRESSES if press in per_press]
 
 
 def kvpress_items(limits: dict[str, int | None]) -> list[dict]:
@@ -144,8 +154,8 @@ def kvpress_items(limits: dict[str, int | None]) -> list[dict]:
 
     split = NuggetConfig.defaults().split
     items = []
-    for name in TASKS:
-        task, docs = task_docs(name, limits[name])
+    for name, limit in limits.items():
+        task, docs = task_docs(name, limit)
         generation = task.config.generation_kwargs
         for doc_id, doc in enumerate(docs):
             document, _, question = task.doc_to_text(doc).rpartition(split)
@@ -341,17 +351,27 @@ def goals(rows: list[Row], full: Row, ratios) -> list[str]:
         f"- the trained nugget keeps {share:.0%} of full context's accuracy (goal: at least 70%): "
         + ("met" if share >= 0.7 else "not met"),
     ]
-    for peer in ("streaming", "kvpress StreamingLLM"):
-        if peer in at10:
-            shared = sorted(set(trained.scores[task]) & set(at10[peer].scores[task]))
-            paired = paired_comparison(
-                [trained.scores[task][d] for d in shared], [at10[peer].scores[task][d] for d in shared]
-            )
-            lines.append(
-                f"- trained vs {peer}: {paired.difference:+.3f} [{paired.interval.low:+.3f}, "
-                f"{paired.interval.high:+.3f}], p = {paired.p_value:.3g} ({paired.test}, n = {paired.n}): "
-                + ("beats it" if paired.interval.low > 0 else "does not beat it significantly")
-            )
+    # StreamingLLM is the goal's peer; the other rows of the same budget, paired the same way, show what the
+    # adapters add (scorer only is the method without them) and where the method stands
+    goal_peers = [name for name in ("streaming", "kvpress StreamingLLM") if name in at10]
+    others = [name for name in at10 if name not in ("trained", *goal_peers)]
+    for peer in goal_peers + others:
+        shared = sorted(set(trained.scores[task]) & set(at10[peer].scores[task]))
+        paired = paired_comparison(
+            [trained.scores[task][d] for d in shared], [at10[peer].scores[task][d] for d in shared]
+        )
+        verdict = (
+            "beats it"
+            if paired.interval.low > 0
+            else "is beaten by it"
+            if paired.interval.high < 0
+            else "no clear difference"
+        )
+        lines.append(
+            f"- trained vs {peer}{' (the goal)' if peer in goal_peers else ''}: {paired.difference:+.3f} "
+            f"[{paired.interval.low:+.3f}, {paired.interval.high:+.3f}], p = {paired.p_value:.3g} ({paired.test}, "
+            f"n = {paired.n}): {verdict}"
+        )
     return [*lines, ""]
 
 
