@@ -119,7 +119,8 @@ def run_lm_eval(
 
 def kvpress_rows(out: Path, kvpress_python: str, checkpoint: str, ratio: float, limits, missing=None) -> list[Row]:
     """kvpress's presses at ``ratio``: one kvpress process per task, its file named by the task and its limit so
-    that a rerun with other limits never reuses it. A press kvpress cannot apply to a task is named in ``notes``."""
+    that a rerun with other limits never reuses it. A press kvpress refused for a task is named in ``missing``,
+    with kvpress's reason."""
     per_press: dict[str, dict] = {}
     for task, limit in limits.items():
         peers_file = out / f"kvpress-r{ratio:g}" / f"{task}-limit{limit or 'all'}.json"
@@ -252,7 +253,7 @@ def report(rows: list[Row], ratios, limits, training: dict, checkpoint: Path, se
         "(McNemar exact for accuracy, paired bootstrap for ROUGE); KV: the document's kept key/value bytes per row; "
         "TTFT: p50 over rows; peak memory: the task's largest window growth (resident memory on a CPU, the CUDA "
         "allocator's peak on a GPU). TTFT and memory come from runs that shared their machine with other rows: "
-        "indicative only, and not comparable across machines; the scores are (see Across machines)",
+        "indicative only, and not comparable across machines; the scores are comparable (see Across machines)",
         "",
     ]
     for task, (_, label) in TASKS.items():
@@ -292,7 +293,7 @@ def report(rows: list[Row], ratios, limits, training: dict, checkpoint: Path, se
                 f"| {f'{achieved:.2f}' if achieved else '-'} | {f'{statistics.mean(kv) / 1024:.0f}' if kv else '-'} "
                 f"| {f'{statistics.median(ttft):.3f}' if ttft else '-'} "
                 f"| {f'{memory / 2**20:.0f}' if memory else '-'} "
-                f"| {short_name(row.machines[task]) if task in row.machines else 'kvpress run'} |"
+                f"| {short_name(row.machines[task]) if task in row.machines else 'kvpress (not recorded)'} |"
             )
         lines.append("")
     if not kvpress:
@@ -316,7 +317,7 @@ def across_machines(rows: list[Row], other_out: Path, limits: dict[str, int | No
     from decodebench.measure.machine import short_name
 
     lines = ["## Across machines", "", f"The same runs repeated under `{other_out.name}`, document by document:", ""]
-    for row in rows:
+    for row in (row for row in rows if row.outputs):  # kvpress rows keep scores only
         other = run_lm_eval(other_out, row.name, row.ratio, {}, limits, missing=[])
         for task, outputs in row.outputs.items():
             repeated = other.outputs.get(task)
