@@ -9,12 +9,15 @@ Each item holds a task name, the prompt's document (compressed by the press) and
 or instruction (kept uncompressed), the task's generation length and stop, and the references:
 the same split as ``--model nugget``. kvpress's text-generation pipeline applies the chat
 template and answers greedily. A press's ``compression_ratio`` is the share it drops, 1 - 1/ratio.
+SnapKV cannot compress a document no longer than its observation window (kvpress asserts mid-run):
+with ``--skip-refused`` it runs on the other documents and --out names those left out and why.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 PRESSES = ("SnapKV", "observed attention", "StreamingLLM")
@@ -41,7 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--skip-refused",
         action="store_true",
-        help="leave out a press that cannot apply to these documents (saying why in --out) instead of failing",
+        help="run a press only on the documents it can apply to, naming the others and why in --out, instead of "
+        "failing (SnapKV cannot compress a document no longer than its window)",
+    )
+    parser.add_argument(
+        "--measure-only",
+        action="store_true",
+        help="add time to first token, document KV bytes and peak memory to the presses already scored in --out",
     )
     args = parser.parse_args(argv)
     chosen = [name.strip() for name in args.presses.split(",") if name.strip()]
@@ -52,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     from kvpress import ObservedAttentionPress, SnapKVPress, StreamingLLMPress
     from tqdm import tqdm
     from transformers import pipeline
+
+    from decodebench.measure.machine import describe
+    from decodebench.measure.memory import open_memory_meter
 
     dropped = 1 - 1 / args.ratio
     presses = {
@@ -69,44 +81,89 @@ def main(argv: list[str] | None = None) -> int:
         model_kwargs={"attn_implementation": "eager"},
     )
     items = json.loads(Path(args.items).read_text())
-    results: dict[str, dict] = {}
+    results: dict[str, dict] = json.loads(Path(args.out).read_text()) if args.measure_only else {}
+    left_out: dict[str, list[dict]] = {}  # press -> the items it cannot apply to
     if "SnapKV" in presses and (short := too_short(pipe, items, presses["SnapKV"].window_size)):
         # kvpress asserts this mid-run, after the presses before it have spent their time
         reason = (
             f"kvpress's SnapKV scores a document by the attention of its last {presses['SnapKV'].window_size} "
-            "tokens and refuses documents (with the chat template) no longer than that: "
-            + "; ".join(f"{task} doc_id {', '.join(map(str, ids))}" for task, ids in short.items())
+            "tokens and refuses documents (with the chat template) no longer than that"
+        )
+        named = "; ".join(
+            f"{task} doc_id {', '.join(str(item['doc_id']) for item in group)}" for task, group in short.items()
         )
         if not args.skip_refused:
-            raise SystemExit(reason + ". Leave SnapKV out (--presses) or pass --skip-refused.")
-        print(f"leaving SnapKV out: {reason}", flush=True)
-        results["refused"] = {"SnapKV": reason}
-        del presses["SnapKV"]
-        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+            raise SystemExit(f"{reason}: {named}. Leave SnapKV out (--presses) or pass --skip-refused.")
+        print(f"SnapKV leaves out {named}: {reason}", flush=True)
+        results["left_out"] = {"SnapKV": reason}
+        left_out["SnapKV"] = [item for group in short.values() for item in group]
+    meter = open_memory_meter(torch.device(args.device).type, args.device)
+    machine = describe(args.device)
     for name, press in presses.items():
-        per_task: dict[str, dict] = {}
-        for item in tqdm(items, desc=f"kvpress {name} @ {args.ratio:g}"):
+        per_task: dict[str, dict] = results.get(name, {}) if args.measure_only else {}
+        for item in left_out.get(name, []):
+            entry = per_task.setdefault(item["task"], {"scores": {}})
+            entry["left_out"] = sorted({*entry.get("left_out", []), item["doc_id"]})
+        skipped = {id(item) for item in left_out.get(name, [])}
+        measured: dict[str, list[dict]] = {}
+        for item in tqdm([i for i in items if id(i) not in skipped], desc=f"kvpress {name} @ {args.ratio:g}"):
+            measured.setdefault(item["task"], []).append(first_token(pipe, item, press, meter))
+            if args.measure_only:
+                continue
             answer = pipe(item["document"], question=item["question"], press=press, max_new_tokens=item["max_new"])
             text = answer["answer"]
             for stop in item["stop"]:
                 text = text.split(stop)[0]
-            task = per_task.setdefault(item["task"], {"scores": {}})  # achieved ratio: not measured here
+            task = per_task.setdefault(item["task"], {"scores": {}})
             task["scores"][str(item["doc_id"])] = score(item["task"], text, item["references"])
+        for task, records in measured.items():
+            per_task.setdefault(task, {"scores": {}}).update(
+                achieved_ratio=sum(r["context_tokens"] for r in records) / sum(r["kept_tokens"] for r in records),
+                document_kv_bytes=[r["kv_bytes"] for r in records],
+                ttft_s=[r["ttft_s"] for r in records],
+                peak_memory_bytes=max((r["peak_bytes"] for r in records if r["peak_bytes"] is not None), default=None),
+                memory_source=meter.source,
+                machine=machine,
+            )
         results[name] = per_task
-        means = {task: sum(v["scores"].values()) / len(v["scores"]) for task, v in per_task.items()}
+        means = {task: sum(v["scores"].values()) / len(v["scores"]) for task, v in per_task.items() if v["scores"]}
         print(f"   {means}", flush=True)
         # each finished press is kept, even if a later one fails
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     return 0
 
 
-def too_short(pipe, items: list[dict], window: int) -> dict[str, list[int]]:
-    """Documents whose context, as kvpress's pipeline tokenizes it, has no more than ``window`` tokens."""
-    short: dict[str, list[int]] = {}
+def first_token(pipe, item: dict, press, meter) -> dict:
+    """One document through the press up to its first answer token (``max_new_tokens=1``): the time to first token
+    (tokenizing, prefill and press, the question, one token), the peak memory of that window, and the compressed
+    context's key/value bytes, read from the cache once kvpress has removed the answer from it. The scored
+    generation runs separately, so that its score is exactly kvpress's own pipeline's."""
+    from transformers import DynamicCache
+
+    from decodebench.models.nugget.compressor import cache_bytes
+
+    cache = DynamicCache()
+    meter.start()
+    started = time.perf_counter()
+    pipe(item["document"], question=item["question"], press=press, max_new_tokens=1, cache=cache)
+    ttft, peak = time.perf_counter() - started, meter.peak_bytes()
+    context = pipe.preprocess(item["document"], [item["question"]], "", max_context_length=2**31)["context_ids"]
+    return {
+        "ttft_s": ttft,
+        "peak_bytes": peak,
+        "kv_bytes": cache_bytes(cache),
+        "context_tokens": context.shape[1],
+        "kept_tokens": cache.get_seq_length(),
+    }
+
+
+def too_short(pipe, items: list[dict], window: int) -> dict[str, list[dict]]:
+    """Per task, the items whose document, as kvpress's pipeline tokenizes it, has no more than ``window`` tokens."""
+    short: dict[str, list[dict]] = {}
     for item in items:
         ids = pipe.preprocess(item["document"], [item["question"]], "", max_context_length=2**31)["context_ids"]
         if ids.shape[1] <= window:
-            short.setdefault(item["task"], []).append(item["doc_id"])
+            short.setdefault(item["task"], []).append(item)
     return short
 
 

@@ -47,8 +47,17 @@ def selector_args(selector: str, checkpoint: Path) -> dict[str, str]:
 class Row:
     """One (selector, ratio) run, read back per document."""
 
-    def __init__(self, name: str, ratio: float | None, results: list[Path] = (), press: dict | None = None):
+    def __init__(
+        self,
+        name: str,
+        ratio: float | None,
+        results: list[Path] = (),
+        press: dict | None = None,
+        left_out_reason: str | None = None,
+    ):
         self.name, self.ratio = name, ratio
+        self.left_out: dict[str, list[int]] = {}  # per task: documents a press could not apply to
+        self.left_out_reason = left_out_reason
         self.scores: dict[str, dict[int, float]] = {}
         self.ttft: dict[str, list[float]] = {}
         self.kv_bytes: dict[str, list[int]] = {}
@@ -62,6 +71,12 @@ class Row:
             for task, values in press.items():
                 self.scores[task] = {int(k): v for k, v in values["scores"].items()}
                 self.achieved[task] = values.get("achieved_ratio")
+                if values.get("left_out"):
+                    self.left_out[task] = values["left_out"]
+                if "machine" in values:  # measured by kvpress_peers.py's first-token pass
+                    self.machines[task] = values["machine"]
+                    self.ttft[task], self.kv_bytes[task] = values["ttft_s"], values["document_kv_bytes"]
+                    self.peak_memory[task] = values["peak_memory_bytes"]
 
     def _read_lm_eval(self, path: Path) -> None:
         from decodebench.reports.reader import read_run
@@ -119,9 +134,10 @@ def run_lm_eval(
 
 def kvpress_rows(out: Path, kvpress_python: str, checkpoint: str, ratio: float, limits, missing=None) -> list[Row]:
     """kvpress's presses at ``ratio``: one kvpress process per task, its file named by the task and its limit so
-    that a rerun with other limits never reuses it. A press kvpress refused for a task is named in ``missing``,
-    with kvpress's reason."""
+    that a rerun with other limits never reuses it. A press that cannot apply to some documents runs on the
+    others; its row names those left out and kvpress's reason."""
     per_press: dict[str, dict] = {}
+    reasons: dict[str, str] = {}
     for task, limit in limits.items():
         peers_file = out / f"kvpress-r{ratio:g}" / f"{task}-limit{limit or 'all'}.json"
         if not peers_file.is_file():
@@ -143,10 +159,14 @@ def kvpress_rows(out: Path, kvpress_python: str, checkpoint: str, ratio: float, 
         for press in PRESSES:
             if press in peers:
                 per_press.setdefault(press, {}).update(peers[press])
+                reasons.update({press: peers["left_out"][press]} if press in peers.get("left_out", {}) else {})
             elif missing is not None:
-                reason = peers.get("refused", {}).get(press, "not in the file")
-                missing.append(f"kvpress {press} @ {ratio:g} on {task} ({reason})")
-    return [Row(f"kvpress {press}", ratio, press=per_press[press]) for press in PRESSES if press in per_press]
+                missing.append(f"kvpress {press} @ {ratio:g} on {task} (not in {peers_file.name})")
+    return [
+        Row(f"kvpress {press}", ratio, press=per_press[press], left_out_reason=reasons.get(press))
+        for press in PRESSES
+        if press in per_press
+    ]
 
 
 def kvpress_items(limits: dict[str, int | None]) -> list[dict]:
@@ -254,13 +274,17 @@ def report(rows: list[Row], ratios, limits, training: dict, checkpoint: Path, se
         "TTFT: p50 over rows; peak memory: the task's largest window growth (resident memory on a CPU, the CUDA "
         "allocator's peak on a GPU). TTFT and memory come from runs that shared their machine with other rows: "
         "indicative only, and not comparable across machines; the scores are comparable (see Across machines)",
+        "- kvpress rows: kvpress's own text-generation pipeline (chat template, greedy), the press compressing the "
+        "prompt's document with its template header, as `--model nugget` does; their KV, TTFT and memory come from "
+        "a second pass of the same press on each document that stops at the first answer token (the KV read from "
+        "the compressed cache), since the scored pass is kvpress's pipeline untouched",
         "",
     ]
     for task, (_, label) in TASKS.items():
         reference = full.scores.get(task, {})
         if not reference:
             continue
-        base = statistics.mean(reference.values())
+        notes = []
         lines += [
             f"## {task} ({label}, n = {len(reference)})",
             "",
@@ -274,6 +298,8 @@ def report(rows: list[Row], ratios, limits, training: dict, checkpoint: Path, se
                 continue
             shared = sorted(set(values) & set(reference))
             mean = statistics.mean(values.values())
+            # a row on fewer documents (a press left some out) is set against full context on the same ones
+            base = statistics.mean(reference[d] for d in shared)
             interval, _ = quality_interval(list(values.values()))
             if row is full:
                 versus = "-"
@@ -287,15 +313,23 @@ def report(rows: list[Row], ratios, limits, training: dict, checkpoint: Path, se
             kv = row.kv_bytes.get(task)
             ttft = row.ttft.get(task)
             memory = row.peak_memory.get(task)
+            name = row.name
+            if left_out := row.left_out.get(task):
+                name += f" (n = {len(values)})"
+                notes.append(
+                    f"- {row.name} @ {row.ratio:g} left out {len(left_out)} of {task}'s documents (doc_id "
+                    f"{', '.join(map(str, left_out))}): {row.left_out_reason}. Its share of full and its comparisons "
+                    f"are on the other {len(values)}."
+                )
             lines.append(
-                f"| {row.name} | {f'{row.ratio:g}' if row.ratio else '1'} | {mean:.3f} "
+                f"| {name} | {f'{row.ratio:g}' if row.ratio else '1'} | {mean:.3f} "
                 f"[{interval.low:.3f}, {interval.high:.3f}] | {mean / base:.0%} | {versus} "
                 f"| {f'{achieved:.2f}' if achieved else '-'} | {f'{statistics.mean(kv) / 1024:.0f}' if kv else '-'} "
                 f"| {f'{statistics.median(ttft):.3f}' if ttft else '-'} "
                 f"| {f'{memory / 2**20:.0f}' if memory else '-'} "
-                f"| {short_name(row.machines[task]) if task in row.machines else 'kvpress (not recorded)'} |"
+                f"| {short_name(row.machines[task]) if task in row.machines else 'not recorded'} |"
             )
-        lines.append("")
+        lines += ["", *notes, *([""] if notes else [])]
     if not kvpress:
         lines += ["kvpress presses: not run (pass --kvpress-python; `tox -e kvpress,nugget-study` does).", ""]
     lines += goals(rows, full, ratios)
