@@ -277,7 +277,9 @@ def report(rows: list[Row], ratios, limits, training: dict, checkpoint: Path, se
         "- kvpress rows: kvpress's own text-generation pipeline (chat template, greedy), the press compressing the "
         "prompt's document with its template header, as `--model nugget` does; their KV, TTFT and memory come from "
         "a second pass of the same press on each document that stops at the first answer token (the KV read from "
-        "the compressed cache), since the scored pass is kvpress's pipeline untouched",
+        "the compressed cache), since the scored pass is kvpress's pipeline untouched. kvpress's SnapKV ranks its "
+        "64-token observation window (the context's last tokens) above every other token, so where a document keeps "
+        "fewer than 64 tokens (most squad_mini documents at both ratios) it keeps only tokens of that window",
         "",
     ]
     for task, (_, label) in TASKS.items():
