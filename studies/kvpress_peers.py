@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     items = json.loads(Path(args.items).read_text())
     results: dict[str, dict] = json.loads(Path(args.out).read_text()) if args.measure_only else {}
-    left_out: dict[str, list[dict]] = {}  # press -> the items it cannot apply to
+    left_out: dict[str, set[tuple[str, int]]] = {}  # press -> (task, doc_id) of the items it cannot apply to
     if "SnapKV" in presses and (short := too_short(pipe, items, presses["SnapKV"].window_size)):
         # kvpress asserts this mid-run, after the presses before it have spent their time
         reason = (
@@ -96,17 +96,17 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{reason}: {named}. Leave SnapKV out (--presses) or pass --skip-refused.")
         print(f"SnapKV leaves out {named}: {reason}", flush=True)
         results["left_out"] = {"SnapKV": reason}
-        left_out["SnapKV"] = [item for group in short.values() for item in group]
+        left_out["SnapKV"] = {(item["task"], item["doc_id"]) for group in short.values() for item in group}
     meter = open_memory_meter(torch.device(args.device).type, args.device)
     machine = describe(args.device)
     for name, press in presses.items():
         per_task: dict[str, dict] = results.get(name, {}) if args.measure_only else {}
-        for item in left_out.get(name, []):
-            entry = per_task.setdefault(item["task"], {"scores": {}})
-            entry["left_out"] = sorted({*entry.get("left_out", []), item["doc_id"]})
-        skipped = {id(item) for item in left_out.get(name, [])}
+        skipped = left_out.get(name, set())
+        for task in {task for task, _ in skipped}:
+            per_task.setdefault(task, {"scores": {}})["left_out"] = sorted(doc for t, doc in skipped if t == task)
         measured: dict[str, list[dict]] = {}
-        for item in tqdm([i for i in items if id(i) not in skipped], desc=f"kvpress {name} @ {args.ratio:g}"):
+        applies = [item for item in items if (item["task"], item["doc_id"]) not in skipped]
+        for item in tqdm(applies, desc=f"kvpress {name} @ {args.ratio:g}"):
             measured.setdefault(item["task"], []).append(first_token(pipe, item, press, meter))
             if args.measure_only:
                 continue
@@ -117,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             task = per_task.setdefault(item["task"], {"scores": {}})
             task["scores"][str(item["doc_id"])] = score(item["task"], text, item["references"])
         for task, records in measured.items():
-            per_task.setdefault(task, {"scores": {}}).update(
+            entry = per_task.setdefault(task, {"scores": {}})
+            entry.update(
                 achieved_ratio=sum(r["context_tokens"] for r in records) / sum(r["kept_tokens"] for r in records),
                 document_kv_bytes=[r["kv_bytes"] for r in records],
                 ttft_s=[r["ttft_s"] for r in records],
@@ -125,6 +126,15 @@ def main(argv: list[str] | None = None) -> int:
                 memory_source=meter.source,
                 machine=machine,
             )
+            if window := getattr(press, "window_size", None):
+                # SnapKV pads its window's scores above every other score, so a budget within the window keeps
+                # only window tokens: the context's last ones
+                within = sum(r["kept_tokens"] <= window for r in records)
+                entry["note"] = (
+                    f"keeps no more tokens than its {window}-token observation window on {within} of {len(records)} "
+                    "documents, and ranks that window above every other token: there it keeps only the context's "
+                    "last tokens"
+                )
         results[name] = per_task
         means = {task: sum(v["scores"].values()) / len(v["scores"]) for task, v in per_task.items() if v["scores"]}
         print(f"   {means}", flush=True)
@@ -147,12 +157,11 @@ def first_token(pipe, item: dict, press, meter) -> dict:
     started = time.perf_counter()
     pipe(item["document"], question=item["question"], press=press, max_new_tokens=1, cache=cache)
     ttft, peak = time.perf_counter() - started, meter.peak_bytes()
-    context = pipe.preprocess(item["document"], [item["question"]], "", max_context_length=2**31)["context_ids"]
     return {
         "ttft_s": ttft,
         "peak_bytes": peak,
         "kv_bytes": cache_bytes(cache),
-        "context_tokens": context.shape[1],
+        "context_tokens": context_tokens(pipe, item),
         "kept_tokens": cache.get_seq_length(),
     }
 
@@ -161,10 +170,14 @@ def too_short(pipe, items: list[dict], window: int) -> dict[str, list[dict]]:
     """Per task, the items whose document, as kvpress's pipeline tokenizes it, has no more than ``window`` tokens."""
     short: dict[str, list[dict]] = {}
     for item in items:
-        ids = pipe.preprocess(item["document"], [item["question"]], "", max_context_length=2**31)["context_ids"]
-        if ids.shape[1] <= window:
+        if context_tokens(pipe, item) <= window:
             short.setdefault(item["task"], []).append(item)
     return short
+
+
+def context_tokens(pipe, item: dict) -> int:
+    """The length of the context kvpress's pipeline compresses: the document with the chat template's header."""
+    return pipe.preprocess(item["document"], [item["question"]], "", max_context_length=2**31)["context_ids"].shape[1]
 
 
 if __name__ == "__main__":

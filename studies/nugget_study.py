@@ -58,6 +58,7 @@ class Row:
         self.name, self.ratio = name, ratio
         self.left_out: dict[str, list[int]] = {}  # per task: documents a press could not apply to
         self.left_out_reason = left_out_reason
+        self.notes: dict[str, str] = {}  # per task: what a press says of how it behaved there
         self.scores: dict[str, dict[int, float]] = {}
         self.ttft: dict[str, list[float]] = {}
         self.kv_bytes: dict[str, list[int]] = {}
@@ -73,6 +74,8 @@ class Row:
                 self.achieved[task] = values.get("achieved_ratio")
                 if values.get("left_out"):
                     self.left_out[task] = values["left_out"]
+                if values.get("note"):
+                    self.notes[task] = values["note"]
                 if "machine" in values:  # measured by kvpress_peers.py's first-token pass
                     self.machines[task] = values["machine"]
                     self.ttft[task], self.kv_bytes[task] = values["ttft_s"], values["document_kv_bytes"]
@@ -159,7 +162,8 @@ def kvpress_rows(out: Path, kvpress_python: str, checkpoint: str, ratio: float, 
         for press in PRESSES:
             if press in peers:
                 per_press.setdefault(press, {}).update(peers[press])
-                reasons.update({press: peers["left_out"][press]} if press in peers.get("left_out", {}) else {})
+                if press in peers.get("left_out", {}):
+                    reasons[press] = peers["left_out"][press]
             elif missing is not None:
                 missing.append(f"kvpress {press} @ {ratio:g} on {task} (not in {peers_file.name})")
     return [
@@ -277,9 +281,7 @@ def report(rows: list[Row], ratios, limits, training: dict, checkpoint: Path, se
         "- kvpress rows: kvpress's own text-generation pipeline (chat template, greedy), the press compressing the "
         "prompt's document with its template header, as `--model nugget` does; their KV, TTFT and memory come from "
         "a second pass of the same press on each document that stops at the first answer token (the KV read from "
-        "the compressed cache), since the scored pass is kvpress's pipeline untouched. kvpress's SnapKV ranks its "
-        "64-token observation window (the context's last tokens) above every other token, so where a document keeps "
-        "fewer than 64 tokens (most squad_mini documents at both ratios) it keeps only tokens of that window",
+        "the compressed cache), since the scored pass is kvpress's pipeline untouched",
         "",
     ]
     for task, (_, label) in TASKS.items():
@@ -323,6 +325,8 @@ def report(rows: list[Row], ratios, limits, training: dict, checkpoint: Path, se
                     f"{', '.join(map(str, left_out))}): {row.left_out_reason}. Its share of full and its comparisons "
                     f"are on the other {len(values)}."
                 )
+            if note := row.notes.get(task):
+                notes.append(f"- {row.name} @ {row.ratio:g} {note}.")
             lines.append(
                 f"| {name} | {f'{row.ratio:g}' if row.ratio else '1'} | {mean:.3f} "
                 f"[{interval.low:.3f}, {interval.high:.3f}] | {mean / base:.0%} | {versus} "
