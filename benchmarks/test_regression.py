@@ -1,4 +1,4 @@
-"""pytest-benchmark regression benchmarks; compare.py checks them against benchmarks/baseline.json."""
+"""pytest-benchmark regression benchmarks; check_regression.py checks them against benchmarks/baseline.json."""
 
 from __future__ import annotations
 

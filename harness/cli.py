@@ -72,12 +72,14 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _build_index(args: argparse.Namespace) -> int:
-    """Tokenizes a .jsonl ('text' field) or .txt corpus, or a folder of them, with the given tokenizer and builds an
+    """Tokenizes a corpus (a .jsonl file with a 'text' or 'article' field, a .txt file, or a folder of them) with the
+    given tokenizer and builds an
     infini-gram suffix-array index that `DECODEBENCH_INFINIGRAM_INDEX` and
     decodebench.metrics.infinigram_agreement(index=...) accept."""
     from pathlib import Path
 
-    from decodebench.metrics.infinigram_index import InfinigramIndexError, build_index, load_tokenizer, read_corpus
+    from decodebench.corpus import CorpusError, read_corpus
+    from decodebench.infinigram_index import InfinigramIndexError, build_index, load_tokenizer
 
     try:
         info = build_index(
@@ -89,7 +91,7 @@ def _build_index(args: argparse.Namespace) -> int:
             log=lambda msg: print(msg, file=sys.stderr),
             corpus=args.describe or str(Path(args.corpus).resolve()),
         )
-    except InfinigramIndexError as exc:
+    except (InfinigramIndexError, CorpusError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(info.path)
@@ -102,7 +104,7 @@ def _train_nugget(args: argparse.Namespace) -> int:
     text split into a part to compress and a part to continue. Shows progress and the held-out loss, keeps a resume
     file (run the same command again to continue), and saves one safetensors file for `lm_eval --model nugget
     --model_args selector=PATH`."""
-    from decodebench.models.base import resolve_pretrained
+    from decodebench.models.backend import resolve_pretrained
     from decodebench.models.nugget.training import TrainingSettings, default_checkpoint, train
 
     pretrained, embedded = resolve_pretrained(args.pretrained)
@@ -226,7 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="results", help="output folder (default: results)")
     demo.add_argument("--limit", type=int, default=4, help="documents per task (default 4; 0 for all)")
     demo.add_argument(
-        "--methods", default=None, help="comma-separated runs to do (default: all; see decodebench.demo.RUNS)"
+        "--methods",
+        default=None,
+        help="comma-separated methods to run (default: all that `decodebench methods` lists)",
     )
     demo.add_argument("--tasks", default=None, help="comma-separated tasks (default: the mini tasks)")
 
@@ -244,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
         _train_nugget,
         "train the nugget selector (the paper's scorer) on a CPU and save it for --model nugget",
     )
-    from decodebench.models.nugget.settings import TrainingSettings
+    from decodebench.models.nugget.training_settings import TrainingSettings
 
     defaults = TrainingSettings()
     nugget.add_argument(

@@ -25,36 +25,21 @@ class Run:
     batch_size: int = 1
 
 
-# Every run is measured exactly like the baseline, on the same tasks, limits and batch size (1,
-# the papers' setting for MTAD and nugget, so that every speed ratio compares like with like);
-# each method runs with its defaults (the papers') unless said otherwise.
-RUNS = [
-    Run("baseline", "baseline"),
-    Run("lz", "lz"),
-    # MTAD with its cheapest draft here (prompt lookup): neural beam drafts cost more than they
-    # save on a CPU (docs/benchmarks/mtad.md).
-    Run("mtad", "mtad", {"draft": "context"}),
-    # The paper's method when a trained compressor is at its default place (`decodebench
-    # train-nugget`, about an hour), else the training-free, query-independent stand-in
-    # (nugget_selector below); the demo says which ran.
-    Run("nugget", "nugget", {"ratio": 10}),
-]
+def registered_runs() -> list[Run]:
+    """One run per registered method (``decodebench methods``), with the ``--model_args`` it says the main
+    job should use (``Method.demo_model_args``; its defaults unless it says otherwise).
+
+    Every run is measured the same way, on the same tasks, limits and batch size (1, the papers' setting
+    for row-by-row methods), so that every speed ratio compares like with like.
+    """
+    from decodebench.models.registry import load_method, methods
+
+    return [Run(name, name, load_method(target).demo_model_args()) for name, target in methods().items()]
+
+
 MINI_TASKS = ["decodebench_mini"]
 # Small enough to finish on 2 CPU cores in minutes (with the CLI's default --limit 4): short generations.
 MAX_GEN_TOKS = 128
-
-
-def nugget_selector(ratio: float = 10) -> tuple[str, str]:
-    """(selector=, what it is): the trained checkpoint for the embedded model if there is one."""
-    from decodebench.models.nugget.training import default_checkpoint
-
-    trained = default_checkpoint("embedded", ratio)
-    if trained.is_file():
-        return str(trained), f"the paper's method: the trained compressor {trained}"
-    return "delimiter", (
-        f"the training-free, query-independent stand-in (delimiter); no trained compressor at {trained} "
-        "(`decodebench train-nugget` makes one in about an hour)"
-    )
 
 
 def lm_eval_run(run: Run, tasks: list[str], out: Path, limit: int | None) -> LmEvalRun:
@@ -76,14 +61,14 @@ def run_demo(
 
     out = Path(out).resolve()
     task_list = tasks.split(",") if tasks else MINI_TASKS
-    runs = RUNS
+    runs = registered_runs()
     if methods:
         wanted = methods.split(",")
-        unknown = sorted(set(wanted) - {run.name for run in RUNS})
+        unknown = sorted(set(wanted) - {run.name for run in runs})
         if unknown:
-            print(f"error: unknown run(s) {unknown}; known: {[run.name for run in RUNS]}", file=sys.stderr)
+            print(f"error: unknown run(s) {unknown}; known: {[run.name for run in runs]}", file=sys.stderr)
             return 2
-        runs = [run for run in RUNS if run.name in wanted]
+        runs = [run for run in runs if run.name in wanted]
 
     started = time.time()
     try:
@@ -92,13 +77,6 @@ def run_demo(
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"embedded model: {checkpoint}", flush=True)
-
-    if any(run.model == "nugget" for run in runs):
-        selector, what = nugget_selector()
-        runs = [
-            Run(r.name, r.model, {**r.model_args, "selector": selector}) if r.model == "nugget" else r for r in runs
-        ]
-        print(f"nugget runs {what}", flush=True)
 
     produced: dict[str, Path | None] = {}
     for number, run in enumerate(runs, 1):
@@ -148,5 +126,10 @@ def summary_table(produced: dict[str, Path | None]) -> str:
                 if tps is not None
                 else f"| {name} | {task} | {quality} | - | {energy} | {path} |"
             )
+    lines.append("")
+    for name, path in produced.items():
+        if path is not None:
+            info = json.loads(path.read_text()).get("config", {}).get("decodebench", {})
+            lines.append(f"{name}: {info.get('method_label', '?')}")
     lines += [f"\nJ/token unavailable: {reason}" for reason in sorted(reasons)]
     return "\n".join(lines)

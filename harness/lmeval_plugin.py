@@ -142,7 +142,7 @@ def check_cli_generation_kwargs(evaluator_module):
             if gen_kwargs and isinstance(model, str) and model in methods():
                 from lm_eval.utils import simple_parse_args_string
 
-                from decodebench.models.generation import check_generation_kwargs
+                from decodebench.models.decoding import check_generation_kwargs
 
                 parsed = simple_parse_args_string(gen_kwargs) if isinstance(gen_kwargs, str) else gen_kwargs
                 check_generation_kwargs(parsed, "--gen_kwargs")

@@ -8,7 +8,7 @@ backend, pretrained model, task configuration and machine.
 
 from __future__ import annotations
 
-from decodebench.models.base import Method
+from decodebench.models.method import Method
 
 
 class Baseline(Method):

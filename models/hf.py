@@ -27,9 +27,10 @@ from transformers.generation.streamers import BaseStreamer
 
 from decodebench.measure.energy import open_meter
 from decodebench.measure.memory import open_memory_meter
-from decodebench.models import base
-from decodebench.models.base import DecodeBenchLM, Method, resolve_pretrained
-from decodebench.models.generation import decoding_record
+from decodebench.models import backend
+from decodebench.models.backend import BackendLM, resolve_pretrained
+from decodebench.models.decoding import decoding_record
+from decodebench.models.method import DecodeOutput, Method
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +48,17 @@ FROM_PRETRAINED_PASSTHROUGH = (
 
 
 @dataclass
-class DecodeOutput:
-    """What a method's ``hf_decode`` returns for one batch."""
+class BatchPlan:
+    """One left-padded batch of one task, ready for the method's ``hf_decode``."""
 
-    tokens: torch.Tensor | list[list[int]]  # new tokens per row (rows may be padded after EOS)
-    first_token_at: float | None = None  # time.perf_counter() when the first new token existed
-    row_stats: list[dict[str, Any]] | None = None  # per-row method statistics
+    task: str
+    requests: list  # lm-eval Instances, in batch order
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    until: list[str]  # stop sequences, EOS's text included
+    max_new_tokens: int
+    kwargs: dict[str, Any]  # model.generate's keyword arguments
+    decoding: dict[str, Any]  # decodebench.models.decoding.decoding_record
 
 
 class FirstTokenClock(BaseStreamer):
@@ -71,7 +77,7 @@ class FirstTokenClock(BaseStreamer):
         pass
 
 
-class HFBackend(DecodeBenchLM, HFLM):
+class HFBackend(BackendLM, HFLM):
     backend_name = "hf"
 
     def __init__(self, method: Method, pretrained: Any = None, **backend_kwargs):
@@ -141,71 +147,85 @@ class HFBackend(DecodeBenchLM, HFLM):
 
     # -- lm-eval API ----------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """HFLM's ``generate_until``, task by task and batch by batch, each batch decoded by the method
+        inside a measurement window and recorded request by request."""
         results: list[str | None] = [None] * len(requests)
-        eos = self.tok_decode(self.eot_token_id, skip_special_tokens=False)
-        recorder = self.decodebench_recorder
-        base.check_requests(requests)
+        backend.check_requests(requests)
         pbar = tqdm(
             total=len(requests),
             disable=disable_tqdm or self.rank != 0,
             desc=f"{self.method.name} (hf) generate_until",
         )
-        for task, positions in base.group_by_task(requests):
+        for task, positions in backend.group_by_task(requests):
             for batch in self._batches(requests, positions):
-                contexts = [requests[i].args[0] for i in batch]
-                gen_kwargs = requests[batch[0]].args[1]
-                kwargs = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
-                until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
-                max_gen_toks = kwargs.pop("max_gen_toks")
-                max_ctx_len = self.max_length - max_gen_toks
-                if max_ctx_len <= 0:
-                    raise ValueError(
-                        f"task {task} asks for max_gen_toks={max_gen_toks}, which leaves no room for the "
-                        f"prompt in max_length={self.max_length}; lower it with --gen_kwargs "
-                        f"max_gen_toks=N or raise --model_args max_length=M"
-                    )
-                input_ids, attention_mask = self.tok_batch_encode(
-                    contexts, left_truncate_len=max_ctx_len, truncation=self.truncation
-                )
-                input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
-                max_length = kwargs.pop("max_length", input_ids.shape[1] + max_gen_toks)
-                max_new_tokens = max_length - input_ids.shape[1]
-                decoding = self.decoding_settings(kwargs, self.method.sampling_defaults)
-                if decoding["do_sample"]:  # explicit, so that what runs is what the results say
-                    kwargs.update(
-                        temperature=decoding["temperature"],
-                        top_k=decoding["top_k"] or 0,
-                        top_p=decoding["top_p"] or 1.0,
-                    )
-
-                with recorder.open(task, decoding=decoding) as window:
-                    out = self.method.hf_decode(
-                        self, input_ids, attention_mask, stop=until, max_new_tokens=max_new_tokens, kwargs=kwargs
-                    )
-                    rows = out.tokens.tolist() if isinstance(out.tokens, torch.Tensor) else out.tokens
-                ttft = out.first_token_at - window.started_at if out.first_token_at else None
-                scores = self.method.hf_score(self, input_ids, attention_mask, rows)  # outside the timed window
-                prompt_lengths = attention_mask.sum(dim=1).tolist()
-                for row, position in enumerate(batch):
-                    text, new_tokens, finish = self._finish_row(rows[row], until)
-                    window.record(
-                        requests[position],
-                        prompt_tokens=prompt_lengths[row],
-                        new_tokens=new_tokens,
-                        finish_reason=finish,
-                        batch_size=len(batch),
-                        ttft_s=ttft,
-                        method_stats={
-                            **(out.row_stats[row] if out.row_stats else {}),
-                            **(scores[row] if scores else {}),
-                        },
-                        text=text,
-                    )
+                plan = self._plan_batch(task, [requests[i] for i in batch])
+                texts = self._decode_and_record(plan)
+                for position, text in zip(batch, texts, strict=True):
                     results[position] = text
-                    self.cache_hook.add_partial("generate_until", (contexts[row], gen_kwargs), text)
-                    pbar.update(1)
+                    self.cache_hook.add_partial("generate_until", requests[position].args, text)
+                pbar.update(len(batch))
         pbar.close()
-        return base.check_complete(results)
+        return backend.check_complete(results)
+
+    def _plan_batch(self, task: str, requests: list) -> BatchPlan:
+        """One batch as HFLM would generate it: its prompts left-padded and truncated, stop sequences,
+        the new-token budget, and ``generate``'s keyword arguments with every sampling default explicit."""
+        gen_kwargs = requests[0].args[1]  # a batch shares its generation kwargs (_batches)
+        kwargs = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
+        eos = self.tok_decode(self.eot_token_id, skip_special_tokens=False)
+        until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
+        max_gen_toks = kwargs.pop("max_gen_toks")
+        max_ctx_len = self.max_length - max_gen_toks
+        if max_ctx_len <= 0:
+            raise ValueError(
+                f"task {task} asks for max_gen_toks={max_gen_toks}, which leaves no room for the "
+                f"prompt in max_length={self.max_length}; lower it with --gen_kwargs "
+                f"max_gen_toks=N or raise --model_args max_length=M"
+            )
+        input_ids, attention_mask = self.tok_batch_encode(
+            [request.args[0] for request in requests], left_truncate_len=max_ctx_len, truncation=self.truncation
+        )
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        max_length = kwargs.pop("max_length", input_ids.shape[1] + max_gen_toks)
+        decoding = self.decoding_settings(kwargs, self.method.sampling_defaults)
+        if decoding["do_sample"]:  # explicit, so that what runs is what the results say
+            kwargs.update(
+                temperature=decoding["temperature"], top_k=decoding["top_k"] or 0, top_p=decoding["top_p"] or 1.0
+            )
+        return BatchPlan(
+            task, requests, input_ids, attention_mask, until, max_length - input_ids.shape[1], kwargs, decoding
+        )
+
+    def _decode_and_record(self, plan: BatchPlan) -> list[str]:
+        """Decode one batch inside a measurement window, score it outside, and record each request."""
+        with self.decodebench_recorder.open(plan.task, decoding=plan.decoding) as window:
+            out = self.method.hf_decode(
+                self,
+                plan.input_ids,
+                plan.attention_mask,
+                stop=plan.until,
+                max_new_tokens=plan.max_new_tokens,
+                kwargs=plan.kwargs,
+            )
+            rows = out.tokens.tolist() if isinstance(out.tokens, torch.Tensor) else out.tokens
+        ttft = out.first_token_at - window.started_at if out.first_token_at else None
+        scores = self.method.hf_score(self, plan.input_ids, plan.attention_mask, rows)
+        prompt_lengths = plan.attention_mask.sum(dim=1).tolist()
+        texts = []
+        for row, request in enumerate(plan.requests):
+            text, new_tokens, finish = self._finish_row(rows[row], plan.until)
+            window.record(
+                request,
+                prompt_tokens=prompt_lengths[row],
+                new_tokens=new_tokens,
+                finish_reason=finish,
+                batch_size=len(plan.requests),
+                ttft_s=ttft,
+                method_stats={**(out.row_stats[row] if out.row_stats else {}), **(scores[row] if scores else {})},
+                text=text,
+            )
+            texts.append(text)
+        return texts
 
     def get_model_info(self) -> dict:
         if isinstance(self.pretrained, str) and os.path.isdir(self.pretrained):

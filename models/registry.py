@@ -1,6 +1,6 @@
 """The methods that ``lm_eval --model NAME`` knows, written once.
 
-Each entry is a ``"module:Class"`` of a ``decodebench.models.base.Method`` subclass, imported only
+Each entry is a ``"module:Class"`` of a ``decodebench.models.method.Method`` subclass, imported only
 when lm-eval builds that model. Other packages add methods through the ``decodebench.methods``
 entry-point group, e.g. in their pyproject.toml::
 

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from decodebench.models.base import Method
-from decodebench.models.hf import DecodeOutput
+from decodebench.models.method import DecodeOutput, Method
 
 
 @dataclass

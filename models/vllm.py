@@ -26,14 +26,15 @@ from vllm import EngineArgs, SamplingParams
 
 from decodebench.measure.energy import open_meter
 from decodebench.measure.memory import NoMemory
-from decodebench.models import base
-from decodebench.models.base import DecodeBenchLM, Method, resolve_pretrained
-from decodebench.models.generation import decoding_record
+from decodebench.models import backend
+from decodebench.models.backend import BackendLM, resolve_pretrained
+from decodebench.models.decoding import decoding_record
+from decodebench.models.method import Method
 
 log = logging.getLogger(__name__)
 
 
-class VLLMBackend(DecodeBenchLM, VLLM):
+class VLLMBackend(BackendLM, VLLM):
     backend_name = "vllm"
 
     def __init__(self, method: Method, pretrained: Any = None, **backend_kwargs):
@@ -68,8 +69,8 @@ class VLLMBackend(DecodeBenchLM, VLLM):
         results: list[str | None] = [None] * len(requests)
         eos = self.tokenizer.decode(self.eot_token_id) or getattr(self.tokenizer, "eos_token", None)
         recorder = self.decodebench_recorder
-        base.check_requests(requests)
-        for task, positions in base.group_by_task(requests):
+        backend.check_requests(requests)
+        for task, positions in backend.group_by_task(requests):
             size = self.batch_size if isinstance(self.batch_size, int) else len(positions)
             for batch in (positions[i : i + size] for i in range(0, len(positions), size)):
                 prompts, params, stops = [], [], []
@@ -112,7 +113,7 @@ class VLLMBackend(DecodeBenchLM, VLLM):
                     )
                     results[position] = text
                     self.cache_hook.add_partial("generate_until", requests[position].args, text)
-        return base.check_complete(results)
+        return backend.check_complete(results)
 
     def get_model_info(self) -> dict:
         info = super().get_model_info() if hasattr(super(), "get_model_info") else {}

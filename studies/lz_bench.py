@@ -102,14 +102,14 @@ def vllm_worker(checkpoint: str, prompts: list[list[int]], new_tokens: int, roun
     """Tokens/s with and without the LZ penalty on one vLLM engine (run in its own process)."""
     from vllm import LLM, SamplingParams, TokensPrompt
 
-    from decodebench.models.lz.vllm_processor import LZPenaltyLogitsProcessor, lz_extra_args
+    from decodebench.models.lz.vllm_processor import LZPenaltyV1LogitsProcessor, lz_extra_args
 
     llm = LLM(
         model=checkpoint,
         gpu_memory_utilization=0.3,
         max_model_len=2048,
         seed=0,
-        logits_processors=[LZPenaltyLogitsProcessor],
+        logits_processors=[LZPenaltyV1LogitsProcessor],
     )
     inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
     settings = {"none": None, "lz": lz_extra_args(LZ)}

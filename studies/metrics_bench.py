@@ -21,7 +21,7 @@ from common import doc_parser, median_seconds, write_doc
 
 
 def _reference_tokens(tokenizer) -> np.ndarray:
-    from decodebench.metrics.infinigram_index import reference_corpus
+    from decodebench.infinigram_index import reference_corpus
 
     return np.concatenate(
         [np.asarray(tokenizer(doc, add_special_tokens=False).input_ids) for doc in reference_corpus()]
@@ -71,8 +71,8 @@ def spider_rows() -> list[tuple[str, float]]:
 def infinigram_rows(
     tokenizer, tokens: np.ndarray, checkpoint: str, workdir: str
 ) -> tuple[list[tuple[str, float]], dict]:
+    from decodebench.infinigram_index import Index, build_index
     from decodebench.metrics import infinigram_agreement
-    from decodebench.metrics.infinigram_index import Index, build_index
 
     rows = []
     docs = _noisy_windows(tokens, 20_000, 500, len(tokenizer), np.random.default_rng(0))

@@ -27,7 +27,6 @@ the chat-formatted prompt). It writes docs/nugget-objective.md.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
 import sys
@@ -44,20 +43,13 @@ from common import doc_parser, task_docs, write_doc
 def continuation_loss(model, context, continuation, scores, ratio, adapters) -> float:
     """Mean loss of ``continuation[1:]`` given the ``ceil(n / ratio)`` tokens of ``context`` that
     ``scores`` keeps, read by the checkpoint's adapters when ``adapters`` is given, else by the frozen model."""
-    from decodebench.models.nugget.compressor import NuggetAdapters, encode_nuggets
+    from decodebench.models.nugget.compressor import encode_nuggets, feed_after_nuggets, reading
 
     n = len(context)
     nuggets = encode_nuggets(model, torch.tensor([context]), scores, ratio, encoder=adapters is not None)
-    embeds = model.get_input_embeddings()(torch.tensor([continuation[:-1]]))
-    attached = NuggetAdapters.attached(model)
-    with contextlib.ExitStack() as stack:
-        if adapters is not None:  # [nuggets; soft token; continuation], as in training
-            adapters.use("decoder")
-            embeds = torch.cat([adapters.soft_token[None, None].to(embeds.dtype), embeds], dim=1)
-        elif attached is not None:
-            stack.enter_context(attached.disabled())
-        positions = torch.arange(n, n + embeds.shape[1])[None]
-        logits = model(inputs_embeds=embeds, past_key_values=nuggets.cache, position_ids=positions).logits[0]
+    with reading(model, adapters):  # [nuggets; soft token; continuation] with the adapters, as in training
+        soft_token = adapters.soft_token if adapters is not None else None
+        logits = feed_after_nuggets(model, nuggets.cache, torch.tensor([continuation[:-1]]), n, soft_token)[0]
     predicted = logits[1:] if adapters is not None else logits  # drop the soft token's prediction
     return float(torch.nn.functional.cross_entropy(predicted.float(), torch.tensor(continuation[1:])))
 
@@ -70,8 +62,8 @@ def kept_positions(scores: torch.Tensor, n: int, ratio: float) -> set[int]:
 
 def checkpoint_held_out_windows(tokenizer, training: dict, count: int):
     """The checkpoint's held-out windows, drawn as training drew them (the first ones are its own)."""
-    from decodebench.models.nugget.settings import TrainingSettings
     from decodebench.models.nugget.training import held_out_windows, read_documents, split_corpus
+    from decodebench.models.nugget.training_settings import TrainingSettings
 
     settings = TrainingSettings(**training["settings"])
     corpus = training["corpus"]  # a path, or the description of the default corpus

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from decodebench.models.base import Method
 from decodebench.models.baseline import Baseline
 from decodebench.models.config import MethodConfig, at_least, between, option
+from decodebench.models.method import Method
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import math
 import pytest
 from conftest import explain, fake_requests, results_files, run_lm_eval
 
-from decodebench.models.generation import GenerationSettingsError, check_generation_kwargs, decoding_record
+from decodebench.models.decoding import GenerationSettingsError, check_generation_kwargs, decoding_record
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ import shutil
 import numpy as np
 import pytest
 
+from decodebench.infinigram_index import Index, InfinigramIndexError, build_index, check_index
 from decodebench.metrics import infinigram_agreement
-from decodebench.metrics.infinigram_index import Index, InfinigramIndexError, build_index, check_index
 
 pytestmark = pytest.mark.model  # needs the embedded model's tokenizer
 

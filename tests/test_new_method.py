@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from transformers import LogitsProcessor
 
-from decodebench.models.base import Method
+from decodebench.models.method import Method
 from decodebench.models.config import MethodConfig, at_least, option
 
 

@@ -48,5 +48,5 @@ def test_the_wheel_holds_the_package_but_no_study_or_benchmark(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     (wheel,) = tmp_path.glob("decodebench-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "decodebench/models/lz/method.py" in names and "decodebench/metrics/infinigram_index.py" in names
+    assert "decodebench/models/lz/method.py" in names and "decodebench/infinigram_index.py" in names
     assert not [n for n in names if "studies" in n or "bench" in n.split("/")[1:2] or n.startswith("tests/")]

@@ -105,10 +105,10 @@ def expected_row(request: dict, logits: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("seed", range(5))
 def test_processor_follows_batch_updates_and_matches_each_request_alone(seed):
-    from decodebench.models.lz.vllm_processor import LZPenaltyLogitsProcessor
+    from decodebench.models.lz.vllm_processor import LZPenaltyV1LogitsProcessor
 
     rng = random.Random(seed)
-    processor = LZPenaltyLogitsProcessor(None, torch.device("cpu"), False)
+    processor = LZPenaltyV1LogitsProcessor(None, torch.device("cpu"), False)
     batch = PersistentBatch(rng)
     checked = 0
     for _ in range(60):
@@ -128,10 +128,10 @@ def test_processor_follows_batch_updates_and_matches_each_request_alone(seed):
 def test_bad_per_request_settings_are_refused_with_the_allowed_ones():
     from vllm import SamplingParams
 
-    from decodebench.models.lz.vllm_processor import LZPenaltyLogitsProcessor
+    from decodebench.models.lz.vllm_processor import LZPenaltyV1LogitsProcessor
 
     def check(**extra):
-        LZPenaltyLogitsProcessor.validate_params(SamplingParams(extra_args=extra))
+        LZPenaltyV1LogitsProcessor.validate_params(SamplingParams(extra_args=extra))
 
     with pytest.raises(ValueError, match=r"unknown LZ penalty settings \['lz_alpha'\]"):
         check(lz_penalty=0.15, lz_alpha=1)

@@ -62,7 +62,7 @@ class RequestRecord:
     joules: float | None = None  # attributed by token share within the window
     method_stats: dict[str, Any] = field(default_factory=dict)
     repetition: dict[str, Any] | None = None
-    decoding: dict[str, Any] | None = None  # decodebench.models.generation.decoding_record
+    decoding: dict[str, Any] | None = None  # decodebench.models.decoding.decoding_record
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -93,7 +93,7 @@ class Window:
     energy_flag: str | None = None  # why a window with a meter was not metered
     peak_memory_bytes: int | None = None
     ttft_s: float | None = None
-    decoding: dict[str, Any] | None = None  # how it decoded (decodebench.models.generation.decoding_record)
+    decoding: dict[str, Any] | None = None  # how it decoded (decodebench.models.decoding.decoding_record)
     records: list[RequestRecord] = field(default_factory=list)
 
     def record(

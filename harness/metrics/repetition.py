@@ -3,7 +3,7 @@
 Text is cut into pieces (words, runs of punctuation, runs of whitespace) so that "Non! Non! "
 is the unit ["Non", "!", " "] and a long rule of "=====" is one piece, then
 ``decodebench.metrics.loops`` looks for a unit repeated back to back at least 20 times
-(strict loop), or for drifting loops (kernels/repetition.py explains both).
+(strict loop), or for drifting loops (harness/metrics/loops.py explains both).
 
 Numbers count as one and the same piece: a template that only counts up ("45. Now, multiply 1
 by 40 to get 41." then "46. Now, ..."), which small models fall into on math problems, is a

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from decodebench.models.base import Method
 from decodebench.models.lz.config import LZConfig
+from decodebench.models.method import Method
 
 
 class LZ(Method):
@@ -48,12 +48,12 @@ class LZ(Method):
 
     # -- vLLM -----------------------------------------------------------------------------------
     def vllm_logits_processors(self) -> list[type]:
-        from decodebench.models.lz.vllm_processor import LZPenaltyLogitsProcessor, loaded_by_vllm
+        from decodebench.models.lz.vllm_processor import LZPenaltyV1LogitsProcessor, loaded_by_vllm
 
         # installed, decodebench registers the processor with vLLM, which loads it into every engine
         if self.config.penalty != "lz" or loaded_by_vllm():
             return []
-        return [LZPenaltyLogitsProcessor]
+        return [LZPenaltyV1LogitsProcessor]
 
     def vllm_sampling_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         config = self.config

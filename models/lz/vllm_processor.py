@@ -81,11 +81,11 @@ def loaded_by_vllm() -> bool:
     """True when vLLM loads this processor by itself (decodebench installed with its entry point)."""
     from importlib.metadata import entry_points
 
-    target = f"{__name__}:{LZPenaltyLogitsProcessor.__name__}"
+    target = f"{__name__}:{LZPenaltyV1LogitsProcessor.__name__}"
     return any(entry.value == target for entry in entry_points(group=ENTRY_POINT_GROUP))
 
 
-class LZPenaltyLogitsProcessor(LogitsProcessor):
+class LZPenaltyV1LogitsProcessor(LogitsProcessor):
     """The LZ penalty (kernels/lz.py) for the requests whose ``extra_args`` ask for it."""
 
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):

@@ -215,7 +215,7 @@ def build_drafter(spec: str, lm, beams: int):
     if spec == "context":
         return ContextDrafter(lm.eot_token_id)
     if spec.startswith("infinigram"):
-        from decodebench.metrics.infinigram_index import Index, ensure_reference_index
+        from decodebench.infinigram_index import Index, ensure_reference_index
 
         location = spec.partition(":")[2]
         return InfinigramDrafter(

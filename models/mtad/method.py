@@ -44,6 +44,12 @@ class MTAD(RowDecodingMethod):
     # Appendix F's warping when a sampling task sets no top-k/top-p of its own
     sampling_defaults: ClassVar[dict[str, Any]] = {"top_k": 20, "top_p": 0.9}
 
+    @classmethod
+    def demo_model_args(cls) -> dict[str, Any]:
+        # the cheapest draft here (prompt lookup): neural beam drafts cost more than they save on a CPU
+        # (docs/benchmarks/mtad.md)
+        return {"draft": "context"}
+
     def setup(self, lm) -> None:
         self.generator = torch.Generator(device=lm.device).manual_seed(self.config.seed)  # on the sampling device
         self.mode = MODES[self.config.mode](self.config)

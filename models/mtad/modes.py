@@ -26,7 +26,7 @@ from typing import ClassVar
 import torch
 
 from decodebench.kernels.mtad import mtad_accept_length, speculative_accept
-from decodebench.models.hf import DecodeOutput
+from decodebench.models.method import DecodeOutput
 from decodebench.models.mtad.config import MTADConfig
 from decodebench.models.mtad.drafts import Draft, ModelDrafter
 from decodebench.models.rows import Sampler, choose

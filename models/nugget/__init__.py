@@ -1,6 +1,6 @@
 """Nugget-compressed context (Qin et al.): ``--model nugget``, its selectors, compressor and training.
 
-The package imports lazily: ``decodebench.models.nugget.settings`` (the command line's defaults)
+The package imports lazily: ``decodebench.models.nugget.training_settings`` (the command line's defaults)
 loads without torch.
 """
 

@@ -9,6 +9,9 @@ training (training.py) and decoding (method.py).
   decodes; plus the soft token that sits between the nuggets and what follows them;
 - ``encode_nuggets``: one compression step: score, ``TopK`` (eqs. 14-15, the last token always
   kept), encode with the encoder adapter, keep the chosen positions of every layer's cache;
+- ``reading`` and ``feed_after_nuggets``: how nuggets are read (the decoder adapter on, or the frozen
+  model; the soft token in front of the text that follows them, at positions from n), the same in
+  decoding (method.py) and in the studies;
 - ``nugget_attention_mask``: the decoder's additive mask over [nuggets; soft token; text], which
   carries eq. 18's straight-through term ``s - StopGrad(s)`` on the nugget columns when training.
 
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from decodebench.kernels.nugget import gather_kv, select_topk, straight_through_bias
-from decodebench.models.nugget.settings import LORA_RANK, SCORER_LAYER
+from decodebench.models.nugget.training_settings import LORA_RANK, SCORER_LAYER
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj")
 ADAPTERS = ("encoder", "decoder")
@@ -168,6 +171,30 @@ def encode_nuggets(model, document: torch.Tensor, scores: torch.Tensor, ratio: f
     full = cache_bytes(cache)
     kept = DynamicCache(ddp_cache_data=[gather_kv(layer.keys, layer.values, indices) for layer in cache.layers])
     return Nuggets(kept, indices, full)
+
+
+@contextlib.contextmanager
+def reading(model, adapters: NuggetAdapters | None):
+    """The model as it reads nuggets: through the decoder adapter when ``adapters`` is given (the paper's
+    method), else as the frozen model, even when a checkpoint's adapters are attached to it."""
+    attached = NuggetAdapters.attached(model)
+    if adapters is not None:
+        adapters.use("decoder")
+    with attached.disabled() if adapters is None and attached is not None else contextlib.nullcontext():
+        yield
+
+
+def feed_after_nuggets(
+    model, cache, tokens: torch.Tensor, start: int, soft_token: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Logits [1, t (+1), V] of ``tokens`` [1, t] fed after the cached nuggets of an ``start``-token document,
+    at positions ``start, start + 1, ...`` (the nuggets keep their own); with ``soft_token`` [d] first, as in
+    training ([nuggets; soft token; text]), whose position is then ``start``."""
+    embeds = model.get_input_embeddings()(tokens)
+    if soft_token is not None:
+        embeds = torch.cat([soft_token[None, None].to(embeds.dtype), embeds], dim=1)
+    positions = torch.arange(start, start + embeds.shape[1], device=tokens.device)[None]
+    return model(inputs_embeds=embeds, past_key_values=cache, use_cache=True, position_ids=positions).logits
 
 
 def nugget_attention_mask(nugget_scores: torch.Tensor, length: int, dtype=torch.float32) -> torch.Tensor:

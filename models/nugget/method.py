@@ -20,14 +20,13 @@ A document shorter than ``ratio`` tokens, or a prompt without ``split``, is left
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import Any
 
 import torch
 
 from decodebench.kernels.nugget import nuggets_for
-from decodebench.models.nugget.compressor import NuggetAdapters, cache_bytes, encode_nuggets
+from decodebench.models.nugget.compressor import cache_bytes, encode_nuggets, feed_after_nuggets, reading
 from decodebench.models.nugget.config import NuggetConfig
 from decodebench.models.nugget.selectors import build_selector
 from decodebench.models.rows import RowDecodingMethod, RowStop, Sampler, choose
@@ -46,6 +45,16 @@ class Nugget(RowDecodingMethod):
     @property
     def description(self) -> str:
         return self.selector.label
+
+    @classmethod
+    def demo_model_args(cls) -> dict[str, Any]:
+        """The paper's method when a trained compressor for the embedded model is at its default place
+        (``decodebench train-nugget``), else the training-free stand-in; results name the selector."""
+        from decodebench.models.nugget.training import default_checkpoint
+
+        ratio = cls.Config.defaults().ratio
+        trained = default_checkpoint("embedded", ratio)
+        return {"ratio": ratio, **({"selector": str(trained)} if trained.is_file() else {})}
 
     def setup(self, lm) -> None:
         self.selector.setup(lm)
@@ -91,32 +100,24 @@ class Nugget(RowDecodingMethod):
             )
         else:
             cache, tail, n = DynamicCache(config=model.config), prompt, 0
-        attached = NuggetAdapters.attached(model)
-        with contextlib.ExitStack() as stack:
-            if adapters is not None:
-                adapters.use("decoder")  # the decoder adapter reads the nuggets and decodes
-            elif attached is not None:
-                stack.enter_context(attached.disabled())  # an uncompressed row is the plain model's
+        with reading(model, adapters):  # an uncompressed row is the plain model's
             return self._decode(model, device, cache, tail, n, adapters, stop, sampler, stats)
 
-    def _decode(self, model, device, cache, tail, n, adapters, stop, sampler, stats):
+    @staticmethod
+    def _decode(model, device, cache, tail, n, adapters, stop, sampler, stats):
+        soft_token = adapters.soft_token if adapters is not None else None
 
-        def step(tokens: list[int], start: int, soft_token: bool = False) -> torch.Tensor:
-            embeds = model.get_input_embeddings()(torch.tensor([tokens], device=device))
-            if soft_token:  # [nuggets; soft token; tail], as in training
-                embeds = torch.cat([adapters.soft_token[None, None].to(embeds.dtype), embeds], dim=1)
-            positions = torch.arange(start, start + embeds.shape[1], device=device)[None]
-            return model(inputs_embeds=embeds, past_key_values=cache, use_cache=True, position_ids=positions).logits[
-                0, -1
-            ]
+        def step(tokens: list[int], start: int, soft: torch.Tensor | None = None) -> torch.Tensor:
+            ids = torch.tensor([tokens], device=device)
+            return feed_after_nuggets(model, cache, ids, start, soft)[0, -1].float()
 
-        logits = step(tail, n, soft_token=adapters is not None).float()
+        logits = step(tail, n, soft_token)
         stats["kv_bytes_at_decode_start"] = cache_bytes(cache)
         generated = [choose(logits, sampler)]
         first_token_at = time.perf_counter()
-        offset = n + len(tail) + (adapters is not None)
+        offset = n + len(tail) + (soft_token is not None)
         while not stop.finished(generated):
-            generated.append(choose(step(generated[-1:], offset + len(generated) - 1).float(), sampler))
+            generated.append(choose(step(generated[-1:], offset + len(generated) - 1), sampler))
         return generated[: stop.max_new], stats, first_token_at
 
     def summarize(self, records) -> dict[str, Any]:

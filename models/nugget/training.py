@@ -49,7 +49,7 @@ from decodebench.models.nugget.compressor import (
     layer_hidden_states,
     nugget_attention_mask,
 )
-from decodebench.models.nugget.settings import TrainingSettings
+from decodebench.models.nugget.training_settings import TrainingSettings
 
 SHINGLE_WORDS = 13  # the n-gram length of the usual contamination checks
 
@@ -82,33 +82,13 @@ def evaluation_texts() -> Iterable[str]:
 
 
 def read_documents(corpus: str | None) -> tuple[list[str], str]:
-    """Documents of ``corpus`` (a .jsonl file with a "text" or "article" field, a .txt file, or a folder
-    of them; default: Python's reference documentation) and what it is, for the record."""
-    if corpus is None:
-        from decodebench.metrics.infinigram_index import reference_corpus
+    """Documents of ``corpus`` (decodebench.corpus: .jsonl, .txt or a folder; default: Python's reference
+    documentation) and what it is, for the record."""
+    from decodebench.corpus import REFERENCE_CORPUS, read_corpus, reference_corpus
 
-        return reference_corpus(), "Python's reference documentation (pydoc topics)"
-    path = Path(corpus)
-    if not path.exists():
-        raise FileNotFoundError(f"--corpus {corpus}: no such file or folder")
-    files = sorted(p for p in path.rglob("*") if p.suffix in (".jsonl", ".txt")) if path.is_dir() else [path]
-    documents = []
-    for file in files:
-        if file.suffix == ".jsonl":
-            with open(file, encoding="utf-8") as handle:
-                for number, line in enumerate(handle, 1):
-                    if not line.strip():
-                        continue
-                    record = json.loads(line)
-                    text = record.get("text", record.get("article")) if isinstance(record, dict) else None
-                    if not isinstance(text, str):
-                        raise ValueError(f"{file}:{number}: expected a JSON object with a 'text' or 'article' field")
-                    documents.append(text)
-        else:
-            documents += [p for p in file.read_text(encoding="utf-8").split("\n\n") if p.strip()]
-    if not documents:
-        raise ValueError(f"--corpus {corpus}: no documents (.jsonl or .txt)")
-    return documents, str(path)
+    if corpus is None:
+        return reference_corpus(), REFERENCE_CORPUS
+    return list(read_corpus(Path(corpus))), str(corpus)
 
 
 def split_corpus(documents: list[str]) -> tuple[list[str], list[str], int]:

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from decodebench.corpus import REFERENCE_CORPUS, reference_corpus
 from decodebench.paths import home, sha256_file
 
 META_FILE = "decodebench-index.json"
@@ -52,7 +53,6 @@ VERIFY_CHECKSUMS_BELOW = 2**30  # hash the files of indexes smaller than this on
 # The engine finds an index's files by these words in their names (infini-gram's engine.py).
 ENGINE_FILES = ("tokenized", "table", "offset", "metadata", "metaoff", "unigram")
 _SHARD_FILE = re.compile(rf"^({'|'.join(ENGINE_FILES)})\.(\d+)$")
-REFERENCE_CORPUS = "Python's reference documentation (pydoc_data.topics, PSF license)"
 
 
 class InfinigramIndexError(RuntimeError):
@@ -94,27 +94,6 @@ def tokenizer_fingerprint(tokenizer) -> str:
 def _dtype_for(vocab_size: int) -> tuple[str, type]:
     # all-ones is the document separator, so the largest id must stay below it
     return ("u16", np.uint16) if vocab_size < 2**16 - 1 else ("u32", np.uint32)
-
-
-def read_corpus(path: Path) -> Iterable[str]:
-    """Documents of a .jsonl file ("text" field), a .txt file (one per blank-line-separated
-    paragraph), or a folder of either."""
-    paths = sorted(p for p in path.rglob("*") if p.suffix in (".jsonl", ".txt")) if path.is_dir() else [path]
-    if not paths:
-        raise InfinigramIndexError(f"no .jsonl or .txt corpus files under {path}")
-    for file in paths:
-        if file.suffix == ".jsonl":
-            with open(file, encoding="utf-8") as handle:
-                for number, line in enumerate(handle, 1):
-                    if line.strip():
-                        try:
-                            yield json.loads(line)["text"]
-                        except (json.JSONDecodeError, KeyError) as exc:
-                            raise InfinigramIndexError(
-                                f"{file}:{number}: expected a JSON object with a 'text' field"
-                            ) from exc
-        else:
-            yield from (p for p in file.read_text(encoding="utf-8").split("\n\n") if p.strip())
 
 
 def build_index(
@@ -386,13 +365,6 @@ def load_tokenizer(name: str):
 
         name = str(ensure_embedded_model())
     return AutoTokenizer.from_pretrained(name)
-
-
-def reference_corpus() -> list[str]:
-    """Python's reference documentation: English prose that shares no text with the benchmarks."""
-    import pydoc_data.topics
-
-    return [text for _, text in sorted(pydoc_data.topics.topics.items())]
 
 
 def default_index_path(tokenizer) -> Path:

@@ -1,6 +1,6 @@
 """Compare a pytest-benchmark run with the committed baseline; exit 1 on a regression.
 
-    python benchmarks/compare.py NEW.json benchmarks/baseline.json [--tolerance 0.3]
+    python benchmarks/check_regression.py NEW.json benchmarks/baseline.json [--tolerance 0.3]
 
 On the machine the baseline was taken on (same CPU model and core count), medians are compared
 directly. On another machine, each median is first divided by the calibration benchmark's median

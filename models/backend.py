@@ -1,0 +1,130 @@
+"""What every backend shares (``models/hf.py``, ``models/vllm.py``): the backend table, the embedded
+model as the default ``pretrained``, the measurement set-up and results record, and the checks
+around ``generate_until`` (task by task, settings checked first, no request left unanswered).
+
+A backend class is ``BackendLM`` placed before lm-eval's own model class (``HFLM``, ``VLLM``);
+it knows its method only through the ``Method`` contract (``models/method.py``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from decodebench.models.method import Method
+
+log = logging.getLogger(__name__)
+
+# The backends, imported only when asked for (vLLM may not be installed).
+BACKENDS = {
+    "hf": "decodebench.models.hf:HFBackend",
+    "vllm": "decodebench.models.vllm:VLLMBackend",
+}
+
+
+def load_backend(name: str) -> type:
+    module, _, attr = BACKENDS[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def resolve_pretrained(pretrained: Any) -> tuple[Any, bool]:
+    """``pretrained`` as given, or the embedded model's checkpoint when it is omitted.
+
+    Returns the value to load and whether it is the embedded model.
+    """
+    if pretrained is None or pretrained in ("", "embedded"):
+        from decodebench.embedded import ensure_embedded_model
+
+        return str(ensure_embedded_model(log=log.info)), True
+    if isinstance(pretrained, str) and not os.path.exists(os.path.expanduser(pretrained)) and _is_path(pretrained):
+        raise FileNotFoundError(
+            f"pretrained={pretrained!r}: no such path. Allowed: a local checkpoint folder, a hub id "
+            "(name or org/name) in the local cache, or nothing (or 'embedded') for the embedded model"
+        )
+    return pretrained, False
+
+
+def _is_path(name: str) -> bool:
+    """A name that can only be a file system path (a hub id is ``name`` or ``org/name``)."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name
+
+
+class BackendLM:
+    """Backend-independent part of every backend (a mixin placed before HFLM/VLLM)."""
+
+    backend_name: ClassVar[str] = ""  # "hf" or "vllm" (not `backend`: HFLM uses that for causal/seq2seq)
+    method: Method
+
+    @classmethod
+    def accepted_args(cls) -> Sequence[str]:
+        """Model arguments the backend itself accepts."""
+        return ()
+
+    def init_measurement(self, meter, synchronize=None, memory=None) -> None:
+        from decodebench.measure import Recorder
+
+        self.decodebench_recorder = Recorder(
+            meter,
+            synchronize=synchronize,
+            summarize_method_stats=self.method.summarize,
+            summary_columns=self.method.summary_columns,
+            memory=memory,
+        )
+
+    def decodebench_info(self, pretrained: str, embedded: bool, device: str) -> dict[str, Any]:
+        from decodebench import __version__
+        from decodebench.measure.machine import describe
+
+        recorder = self.decodebench_recorder
+        return {
+            "version": __version__,
+            "method": self.method.name,
+            "method_label": self.method.description,
+            "backend": self.backend_name,
+            "method_args": self.method.config.as_dict(),
+            "pretrained": pretrained,
+            "embedded_model": embedded,
+            "machine": describe(device),
+            "energy": recorder.energy_status(),
+            "memory": recorder.memory_status(),
+            "tasks": recorder.task_summaries(),
+        }
+
+
+def group_by_task(requests) -> list[tuple[str, list[int]]]:
+    """Positions of the requests of each task, tasks in first-seen order.
+
+    lm-eval sends the requests of all tasks in one call; measuring task by task keeps every
+    window (and so every speed and energy figure) attributable to one task.
+    """
+    groups: dict[str, list[int]] = {}
+    for position, request in enumerate(requests):
+        groups.setdefault(request.task_name, []).append(position)
+    return list(groups.items())
+
+
+def check_requests(requests) -> None:
+    """Every request's generation settings, checked before the first one runs (no run is lost midway)."""
+    import json
+
+    from decodebench.models.decoding import check_generation_kwargs
+
+    seen = set()
+    for request in requests:
+        gen_kwargs = request.args[1]
+        key = json.dumps(gen_kwargs, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            check_generation_kwargs(gen_kwargs, f"task {request.task_name} generation_kwargs")
+
+
+def check_complete(results: list[str | None]) -> list[str]:
+    """Every request must have its answer: a gap would be scored as if the model had failed."""
+    missing = [i for i, text in enumerate(results) if text is None]
+    if missing:
+        raise RuntimeError(f"no generation for {len(missing)} request(s) (positions {missing[:10]}...)")
+    return results
