@@ -1,16 +1,107 @@
 """What the studies and benchmarks under studies/ share (repository scripts, not in the wheel).
 
-Each script writes one document under docs/ and is run through tox (README, "Studies and
-benchmarks"); every figure in docs/ comes from one of them.
+Each script writes one page under docs/ and is run through tox (README, "Studies and
+benchmarks"). Every page is recomputable from the repository: a script first *collects* (runs the
+models) into the page's data folder, ``docs/data/<page>/`` (per-document scores, per-request
+timings, the run's command, date and machine; never the bulk of the model outputs), then
+*renders* the page from that folder alone. ``python studies/<script>.py --from docs/data/<page>``
+renders again without running anything, and tests/test_docs.py renders every page from its
+committed data and fails if one number differs. ``PAGES`` says which script writes which page;
+pages whose data is lost say so (``NOT_RECOMPUTABLE``) at their top.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import platform
+import shlex
 import statistics
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+DATA = DOCS / "data"
+RUN_FILE = "run.json"
+
+# page (relative to the repository) -> the study script (studies/<name>.py) that renders it from its data
+PAGES = {
+    "docs/baselines.md": "baselines",
+    "docs/benchmarks/lz.md": "lz_bench",
+    "docs/benchmarks/overhead.md": "overhead_bench",
+}
+# pages whose per-document data no longer exists: they say so, and why, in their first lines
+NOT_RECOMPUTABLE = {
+    "docs/benchmarks/h100.md": "run on a lent H100 before pages kept their data; rerunning needs a GPU",
+    "docs/benchmarks/metrics.md": "written before pages kept their data; `tox -e metrics-bench` reruns it",
+    "docs/benchmarks/mtad.md": "written before pages kept their data; `tox -e mtad-bench` reruns it",
+    "docs/lz-study.md": "written before pages kept their data; `tox -e lz-study` reruns it",
+    "docs/nugget-objective.md": "its checkpoint and per-window losses were not kept; `tox -e nugget-objective` reruns "
+    "it with a trained checkpoint",
+    "docs/nugget-study.md": "its runs (hours, partly on a lent H100) were not kept; `tox -e nugget-study` reruns it",
+}
+NOT_RECOMPUTABLE_BANNER = "> **Not recomputable from the repository:**"
+
+
+def data_dir(doc: str | Path) -> Path:
+    """``docs/benchmarks/lz.md`` -> ``docs/data/benchmarks/lz``: where the page's data lives."""
+    return DATA / Path(doc).resolve().relative_to(DOCS).with_suffix("")
+
+
+def save_json(folder: Path, name: str, value) -> Path:
+    """One data file of a page (strict JSON, sorted keys, so that a rerun's diff shows what changed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(json.dumps(value, indent=1, sort_keys=True, allow_nan=False) + "\n")
+    return path
+
+
+def load_json(folder: Path, name: str):
+    path = Path(folder) / name
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing; collect the page's data first (run the study without --from)")
+    return json.loads(path.read_text())
+
+
+def record_run(folder: Path, script: str, argv: list[str] | None, started: float, device: str = "cpu", **facts) -> None:
+    """What the page's header says of its run: the command (``script`` is the study's ``__file__``), the date,
+    how long it took, the machine."""
+    from decodebench.measure.machine import describe
+
+    command = " ".join(["python", f"studies/{Path(script).name}", *map(shlex.quote, argv or [])])
+    save_json(
+        folder,
+        RUN_FILE,
+        {
+            "command": command,
+            "date": f"{datetime.now(UTC):%Y-%m-%d}",
+            "seconds": round(time.time() - started),
+            "machine": describe(device),
+            "python": platform.python_version(),
+            **facts,
+        },
+    )
+
+
+def run_header(folder: Path, title: str, tox_env: str) -> list[str]:
+    """A page's title and the line that says how it was made."""
+    from decodebench.measure.machine import short_name
+
+    run = load_json(folder, RUN_FILE)
+    minutes = f", {run['seconds'] / 60:.0f} min" if run.get("seconds", 0) >= 60 else ""
+    script = run["command"].split()[1]
+    where = Path(folder).resolve().relative_to(REPO)
+    return [
+        f"# {title}",
+        "",
+        f"Written by `{run['command']}` (`tox -e {tox_env}`) on {run['date']}{minutes}, machine: "
+        f"{short_name(run['machine'])}. Its data: `{where}/`; `python {script} --from {where}` renders this page "
+        "again from it.",
+        "",
+    ]
 
 
 def write_doc(doc: str | Path, text: str) -> int:
@@ -47,7 +138,15 @@ def task_docs(task_name: str, limit: int | None = None) -> tuple[object, list[di
 
 
 def doc_parser(description: str, doc: str) -> argparse.ArgumentParser:
-    """A script's command line: its first docstring line as description, and where it writes (``--doc``)."""
+    """A script's command line: its first docstring line as description, where it writes (``--doc``), and
+    ``--from`` (render the page from a data folder without running anything)."""
     parser = argparse.ArgumentParser(description=description.strip().splitlines()[0])
     parser.add_argument("--doc", default=doc, help=f"the Markdown document to write (default {doc})")
+    parser.add_argument(
+        "--from",
+        dest="from_data",
+        default=None,
+        metavar="DIR",
+        help=f"render the page from this data folder alone, running nothing ({data_dir(doc).relative_to(REPO)})",
+    )
     return parser
