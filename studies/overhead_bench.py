@@ -1,23 +1,28 @@
 """What decodebench's measurement costs: its baseline against lm-eval's own ``--model hf``.
 
 ``tox -e overhead-bench`` (``python studies/overhead_bench.py``) runs the same evaluation as whole
-``lm_eval`` processes, interleaved (hf, baseline, hf, baseline, ...): the embedded model, the same
-task, ``--limit``, generation length and batch size; ``--model hf`` gets the checkpoint's path,
-``--model baseline`` the same path. It writes docs/benchmarks/overhead.md: the wall time of each
-process, and the ratio baseline / hf of each round with its median and range. Goal: within 1.01x.
+``lm_eval`` processes in rounds whose order alternates (hf then baseline, then baseline then hf,
+...): the embedded model, the same task, ``--limit``, generation length and batch size; ``--model
+hf`` and ``--model baseline`` get the same checkpoint path. It keeps each process's wall time in
+docs/data/benchmarks/overhead/ and writes docs/benchmarks/overhead.md: the ratio baseline / hf
+paired per round, with its 95% bootstrap interval over rounds. Goal: within 1.01x.
 """
 
 from __future__ import annotations
 
 import statistics
 import subprocess
+import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
-from common import doc_parser, write_doc
+from common import data_dir, doc_parser, load_json, record_run, run_header, save_json, write_doc
 
 from decodebench.runs import LmEvalRun, offline_env
+
+DOC = "docs/benchmarks/overhead.md"
+TITLE = "Measurement overhead: decodebench's baseline against lm-eval's `--model hf`"
+SIDES = ("hf", "baseline")
 
 
 def timed(run: LmEvalRun) -> float:
@@ -27,10 +32,10 @@ def timed(run: LmEvalRun) -> float:
     return time.perf_counter() - start
 
 
-def run(doc: str, rounds: int, task: str, limit: int, max_gen_toks: int, batch_size: int, out: str) -> int:
+def collect(folder: Path, argv: list[str], rounds: int, task: str, limit: int, max_gen_toks: int, batch: int, out: str):
     from decodebench.embedded import ensure_embedded_model
-    from decodebench.measure.machine import describe, short_name
 
+    started = time.time()
     checkpoint = str(ensure_embedded_model(log=print))
     runs = {
         name: LmEvalRun(
@@ -38,54 +43,79 @@ def run(doc: str, rounds: int, task: str, limit: int, max_gen_toks: int, batch_s
             model_args={"pretrained": checkpoint},
             tasks=[task],
             output_path=Path(out).resolve() / name,
-            batch_size=batch_size,
+            batch_size=batch,
             limit=limit,
             gen_kwargs=f"max_gen_toks={max_gen_toks}",
             log_samples=False,
         )
-        for name in ("hf", "baseline")
+        for name in SIDES
     }
     seconds: dict[str, list[float]] = {name: [] for name in runs}
-    for number in range(1, rounds + 1):
-        for name, invocation in runs.items():
-            seconds[name].append(timed(invocation))
-            print(f"round {number}/{rounds} {name}: {seconds[name][-1]:.1f} s", flush=True)
-    ratios = [b / h for b, h in zip(seconds["baseline"], seconds["hf"], strict=True)]
-    lines = [
-        "# Measurement overhead: decodebench's baseline against lm-eval's `--model hf`",
-        "",
-        f"Written by `python studies/overhead_bench.py --rounds {rounds}` (`tox -e overhead-bench`) on "
-        f"{datetime.now(UTC):%Y-%m-%d}, machine: {short_name(describe('cpu'))}.",
-        "",
-        f"Whole `lm_eval` processes, interleaved: the embedded model, `{task}` with `--limit {limit}`, "
-        f"`max_gen_toks={max_gen_toks}`, `--batch_size {batch_size}`. The commands:",
-        "",
-        *(f"- `{invocation.shown()}`" for invocation in runs.values()),
-        "",
-        "| round | lm-eval `hf` (s) | decodebench `baseline` (s) | ratio |",
-        "|---:|---:|---:|---:|",
-        *(
-            f"| {i} | {h:.1f} | {b:.1f} | {r:.3f} |"
-            for i, (h, b, r) in enumerate(zip(seconds["hf"], seconds["baseline"], ratios, strict=True), 1)
-        ),
-        "",
-        f"Ratio baseline / hf: median **{statistics.median(ratios):.3f}x**, range {min(ratios):.3f} to "
-        f"{max(ratios):.3f} over {rounds} rounds. Goal: within 1.01x.",
-        "",
-    ]
-    return write_doc(doc, "\n".join(lines))
+    for number in range(rounds):
+        for name in SIDES if number % 2 == 0 else SIDES[::-1]:
+            seconds[name].append(timed(runs[name]))
+            print(f"round {number + 1}/{rounds} {name}: {seconds[name][-1]:.1f} s", flush=True)
+    commands = {name: run.shown().replace(checkpoint, "<embedded checkpoint>") for name, run in runs.items()}
+    commands = {name: command.replace(str(Path(out).resolve()), out) for name, command in commands.items()}
+    save_json(folder, "seconds.json", {"seconds": seconds, "commands": commands})
+    record_run(folder, __file__, argv, started, task=task, limit=limit, max_gen_toks=max_gen_toks, batch_size=batch)
+
+
+def render(folder: Path) -> str:
+    from decodebench.stats import speed_ratio_interval
+
+    run, data = load_json(folder, "run.json"), load_json(folder, "seconds.json")
+    seconds = data["seconds"]
+    ones = [1.0] * len(seconds["hf"])
+    # tokens/s with "one unit per process": the ratio of summed times baseline / hf, paired per round
+    ratio, interval = speed_ratio_interval(ones, seconds["hf"], ones, seconds["baseline"])
+    return "\n".join(
+        [
+            *run_header(folder, TITLE, "overhead-bench"),
+            f"Whole `lm_eval` processes in rounds whose order alternates (hf first in odd rounds, baseline first in "
+            f"even ones): the embedded model, `{run['task']}` with `--limit {run['limit']}`, "
+            f"`max_gen_toks={run['max_gen_toks']}`, `--batch_size {run['batch_size']}`. The commands:",
+            "",
+            *(f"- `{data['commands'][name]}`" for name in SIDES),
+            "",
+            "| round | first | lm-eval `hf` (s) | decodebench `baseline` (s) | baseline / hf |",
+            "|---:|---|---:|---:|---:|",
+            *(
+                f"| {i} | {SIDES[(i - 1) % 2]} | {h:.1f} | {b:.1f} | {b / h:.3f} |"
+                for i, (h, b) in enumerate(zip(seconds["hf"], seconds["baseline"], strict=True), 1)
+            ),
+            "",
+            f"Time of baseline / hf, paired per round: **{ratio:.3f}x** [95% CI {interval.low:.3f}, "
+            f"{interval.high:.3f}] over {len(ones)} rounds (median of the per-round ratios "
+            f"{statistics.median(b / h for b, h in zip(seconds['baseline'], seconds['hf'], strict=True)):.3f}). "
+            "Goal: within 1.01x.",
+            "",
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = doc_parser(__doc__, "docs/benchmarks/overhead.md")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    parser = doc_parser(__doc__, DOC)
+    parser.add_argument("--rounds", type=int, default=10, help="rounds, order alternating (default 10)")
     parser.add_argument("--task", default="squad_mini", help="task (default squad_mini)")
     parser.add_argument("--limit", type=int, default=24, help="documents (default 24)")
     parser.add_argument("--max-gen-toks", type=int, default=32, help="new tokens at most (default 32)")
     parser.add_argument("--batch-size", type=int, default=4, help="batch size of both (default 4)")
     parser.add_argument("--out", default="results/overhead", help="lm_eval output folder")
     args = parser.parse_args(argv)
-    return run(args.doc, args.rounds, args.task, args.limit, args.max_gen_toks, args.batch_size, args.out)
+    folder = Path(args.from_data) if args.from_data else data_dir(args.doc)
+    if not args.from_data:
+        collect(
+            folder,
+            sys.argv[1:] if argv is None else argv,
+            args.rounds,
+            args.task,
+            args.limit,
+            args.max_gen_toks,
+            args.batch_size,
+            args.out,
+        )
+    return write_doc(args.doc, render(folder))
 
 
 if __name__ == "__main__":

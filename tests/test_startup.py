@@ -70,3 +70,38 @@ def test_task_manager_finds_our_tasks_next_to_builtins_and_user_paths(tmp_path):
     first, second = proc.stdout.strip().splitlines()[-2:]
     assert first.split() == ["True", "True", "True"]
     assert second == "0", "include_defaults=False must not add our tasks either"
+
+
+def test_lm_eval_task_index_cache_gives_the_same_index_and_follows_changes(tmp_path, monkeypatch):
+    """The cache on lm-eval's real TaskIndex.build and load_yaml, over a small stand-in of its task folder."""
+    from lm_eval.tasks import _index
+    from lm_eval.tasks._index import TaskIndex
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    from decodebench.task_index_cache import YamlCache, cached_index_build
+
+    monkeypatch.setenv("DECODEBENCH_HOME", str(tmp_path / "home"))
+    root = tmp_path / "tasks"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "_template_yaml").write_text("output_type: generate_until\ndoc_to_text: '{{q}}'\n")
+    (root / "a" / "one.yaml").write_text("include: _template_yaml\ntask: one\ntag: family\n")
+    (root / "a" / "two.yaml").write_text("include: _template_yaml\ntask: two\ndoc_to_target: !function utils.t\n")
+    (root / "a" / "broken.yaml").write_text("task: [unclosed\n")
+    original = TaskIndex.__dict__["build"].__func__
+    original = getattr(original, "__wrapped__", original)  # lm-eval's own, even with decodebench's hook on
+    monkeypatch.setattr(_index, "__file__", str(root / "_index.py"))  # the stand-in is lm-eval's own folder
+    build = cached_index_build(_index, original)
+
+    def entries(index):
+        return {name: (e.kind, e.yaml_path, e.cfg, e.tags) for name, e in index.items()}
+
+    expected = entries(original([root]))
+    assert set(expected) == {"one", "two", "family"}
+    assert entries(build([root])) == expected  # parsed, then saved
+    assert YamlCache(root, load_yaml).hit and _index.load_yaml is load_yaml
+    assert entries(build([root])) == expected  # from the cache
+    (root / "a" / "_template_yaml").write_text("output_type: generate_until\ndoc_to_text: '{{other}}'\n")
+    changed = entries(build([root]))
+    assert changed["one"][2]["doc_to_text"] == "{{other}}", "a changed template must not be read from the cache"
+    assert changed == entries(original([root]))
+    assert len(list((tmp_path / "home" / "lm-eval-task-index").glob("*.pickle"))) == 1

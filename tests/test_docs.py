@@ -1,0 +1,48 @@
+"""Every page under docs/ is recomputable from the repository: rendered again from its committed data
+folder (studies/common.py: PAGES), it must equal the committed page to the character; a page whose data
+is lost must say so at its top (NOT_RECOMPUTABLE)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "studies"))
+import common
+
+PAGES = sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("**/*.md") if "docs/data/" not in str(p))
+
+
+def render(page: str) -> str:
+    study = importlib.import_module(common.PAGES[page])
+    return study.render(common.data_dir(REPO / page))
+
+
+def test_every_page_is_either_recomputable_or_says_it_is_not():
+    unknown = [page for page in PAGES if page not in common.PAGES and page not in common.NOT_RECOMPUTABLE]
+    assert not unknown, f"pages with no study to render them and no note that they cannot be: {unknown}"
+    assert not set(common.PAGES) & set(common.NOT_RECOMPUTABLE)
+
+
+@pytest.mark.parametrize("page", sorted(common.PAGES))
+def test_page_renders_from_its_committed_data_unchanged(page):
+    rendered = render(page)
+    committed = (REPO / page).read_text()
+    assert rendered == committed, f"{page} differs from what its data renders: rerun its study or restore the page"
+
+
+@pytest.mark.parametrize("page", sorted(common.NOT_RECOMPUTABLE))
+def test_a_page_without_data_says_so_first(page):
+    head = "\n".join((REPO / page).read_text().splitlines()[:4])
+    assert common.NOT_RECOMPUTABLE_BANNER in head and common.NOT_RECOMPUTABLE[page] in head
+
+
+def test_an_edited_number_is_caught(tmp_path):
+    page = sorted(common.PAGES)[0]
+    committed = (REPO / page).read_text()
+    digit = next(i for i, c in enumerate(committed) if c.isdigit() and i > committed.index("\n\n"))
+    edited = committed[:digit] + str((int(committed[digit]) + 1) % 10) + committed[digit + 1 :]
+    assert render(page) != edited
