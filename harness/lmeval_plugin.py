@@ -14,8 +14,9 @@ Each hook is a generator with one ``yield``, run around the execution of one lm-
   every ``lm_eval`` start skips seconds of parsing; the index is the same;
 - ``attach_sample_measurements`` (after ``lm_eval.evaluator``): per-request measurements
   (tokens, latency, energy, method statistics) are added to each logged sample, so
-  ``--log_samples`` files carry them; and a decodebench model's ``--gen_kwargs`` are checked
-  before the model loads (a NaN temperature, sampling at temperature 0);
+  ``--log_samples`` files carry them; a decodebench model's ``--gen_kwargs`` are checked
+  before the model loads (a NaN temperature, sampling at temperature 0); and a model with a chat
+  template run without ``--apply_chat_template`` is warned about before generation;
 - ``readable_model_name`` (after ``lm_eval.loggers.evaluation_tracker``): a decodebench model run
   without ``pretrained`` (the embedded model) writes to ``OUTPUT/embedded/`` instead of a folder
   named by a random id, as for ``pretrained=embedded``;
@@ -130,10 +131,12 @@ def attach_sample_measurements(evaluator_module):
 
     def wrap(original, signature):
         def evaluate(*args, **kwargs):
-            results = original(*args, **kwargs)
             bound = signature.bind(*args, **kwargs)
             lm = bound.arguments.get("lm")
             lm = getattr(lm, "lm", lm)  # --use_cache wraps the model in a CachingLM
+            if hasattr(lm, "warn_if_chat_template_unused"):
+                lm.warn_if_chat_template_unused(bool(bound.arguments.get("apply_chat_template")))
+            results = original(*args, **kwargs)
             recorder = getattr(lm, "decodebench_recorder", None)
             if recorder is not None:
                 recorder.count_cached(_generation_requests(evaluator_module, bound.arguments.get("task_dict") or {}))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 DATA_DIR = "data_dir"  # the --metadata key
@@ -30,6 +29,15 @@ LOCAL_FILES = {
     "gpqa": "gpqa/gpqa_diamond.csv",
 }
 SPIDER_DATABASES = "spider/database"
+# benchmark -> (hub dataset, configuration, split) where users with the hub get it
+HUB_DATASETS = {
+    "squad": ("rajpurkar/squad", None, "validation"),
+    "spider": ("xlangai/spider", None, "validation"),
+    "cnndm": ("abisee/cnn_dailymail", "3.0.0", "test"),
+    "aime": ("gneubig/aime-1983-2024", None, "train"),
+    "gpqa": ("Idavidrein/gpqa", "gpqa_diamond", "train"),
+}
+GATED = ("gated", "401", "403", "authenticat", "access")
 
 
 class TaskDataError(RuntimeError):
@@ -78,8 +86,31 @@ def local_path(benchmark: str, data_dir: str | Path) -> Path:
     return path
 
 
-def benchmark_records(benchmark: str, data_dir: str | Path | None, hub: Callable[[], object]) -> list[dict]:
-    """The benchmark's records: from ``data_dir`` when given, else ``hub()`` (a ``datasets`` split)."""
+def hub_records(benchmark: str) -> list[dict]:
+    """The benchmark's records from the Hugging Face hub, or a one-line error that says what to do without it."""
+    from datasets import load_dataset
+
+    dataset, configuration, split = HUB_DATASETS[benchmark]
+    try:
+        return list(load_dataset(dataset, configuration, split=split))
+    except ConnectionError as exc:
+        raise TaskDataError(
+            f"task {benchmark}: its documents come from the Hugging Face hub ({dataset}), which cannot be reached "
+            f"({exc}). Without the hub, give a local copy in the hub's schema with --metadata "
+            f"'{{\"data_dir\": DIR}}' (DIR/{LOCAL_FILES[benchmark]}), or run the bundled sample: "
+            f"--tasks {benchmark}_mini (all five: --tasks decodebench_mini)"
+        ) from None
+    except Exception as exc:
+        if any(word in str(exc).lower() for word in GATED):
+            raise TaskDataError(
+                f"task {benchmark}: {dataset} is a gated dataset: accept its terms on "
+                f"https://huggingface.co/datasets/{dataset}, then log in with `hf auth login` or set HF_TOKEN ({exc})"
+            ) from exc
+        raise
+
+
+def benchmark_records(benchmark: str, data_dir: str | Path | None) -> list[dict]:
+    """The benchmark's records: from ``data_dir`` when given, else from the hub."""
     if data_dir:
         return read_records(local_path(benchmark, data_dir))
-    return list(hub())
+    return hub_records(benchmark)

@@ -64,6 +64,17 @@ class BackendLM:
         """Model arguments the backend itself accepts."""
         return ()
 
+    def warn_if_chat_template_unused(self, applied: bool) -> None:
+        """Said before generation: a chat model prompted without its template often answers nothing at all
+        (the embedded instruct model returns an empty string for every squad_mini and cnndm_mini document)."""
+        tokenizer = getattr(self, "tokenizer", None)
+        if not applied and getattr(tokenizer, "chat_template", None):
+            log.warning(
+                "%s has a chat template, but --apply_chat_template was not given: prompts go to it as plain text, and "
+                "an instruct model often answers them with an empty string. Add --apply_chat_template to use it.",
+                getattr(self, "pretrained_name", "the model"),
+            )
+
     def init_measurement(self, meter, synchronize=None, memory=None) -> None:
         from decodebench.measure import Recorder
 

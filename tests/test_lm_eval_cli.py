@@ -123,6 +123,14 @@ def test_main_job_runs_lm_eval_and_says_where_results_are(embedded_checkpoint, t
     assert "| baseline | squad_mini |" in proc.stdout
     assert (out / "leaderboard" / "leaderboard.html").is_file()
     assert f"leaderboard: {out / 'leaderboard' / 'leaderboard.html'}" in proc.stdout
+    assert "--apply_chat_template was not given" not in proc.stdout + proc.stderr  # the main job applies it
+
+
+def test_a_chat_model_run_without_its_template_is_warned_about_before_generation(baseline_run):
+    _, proc = baseline_run  # run without --apply_chat_template
+    warning = "has a chat template, but --apply_chat_template was not given"
+    assert warning in proc.stderr
+    assert proc.stderr.index(warning) < proc.stderr.index("generate_until"), "the warning comes before generation"
 
 
 def test_results_of_the_embedded_model_land_under_a_readable_name(baseline_run):

@@ -6,6 +6,8 @@ import csv
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -131,6 +133,33 @@ def test_gpqa_gated_access_says_how_to_log_in(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", gated)
     with pytest.raises(RuntimeError, match="hf auth login"):
         task_utils("gpqa").load()
+
+
+def test_without_the_hub_a_full_task_says_where_else_its_documents_can_come_from():
+    """datasets' real offline mode (set before it is imported: a fresh interpreter) for each full task."""
+    code = (
+        "import importlib.util, sys\n"
+        "from decodebench.paths import TASKS_DIR\n"
+        "from decodebench.taskdata import TaskDataError\n"
+        "for name in sys.argv[1:]:\n"
+        "    spec = importlib.util.spec_from_file_location(name, TASKS_DIR / name / 'utils.py')\n"
+        "    module = importlib.util.module_from_spec(spec)\n"
+        "    spec.loader.exec_module(module)\n"
+        "    try:\n"
+        "        module.load()\n"
+        "    except TaskDataError as exc:\n"
+        "        assert exc.__cause__ is None and exc.__suppress_context__, 'one message, no chained traceback'\n"
+        "        print(exc)\n"
+    )
+    benchmarks = ["squad", "cnndm", "aime", "gpqa"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-c", code, *benchmarks], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    messages = proc.stdout.strip().splitlines()
+    assert len(messages) == len(benchmarks)
+    for benchmark, message in zip(benchmarks, messages, strict=True):
+        assert message.startswith(f"task {benchmark}: its documents come from the Hugging Face hub")
+        assert "--metadata '{\"data_dir\": DIR}'" in message and f"--tasks {benchmark}_mini" in message
 
 
 def test_the_bundled_samples_have_their_sizes_and_schemas():

@@ -11,12 +11,7 @@ HERE = Path(__file__).parent
 def load(data_dir=None, **kwargs):
     """AIME 1983-2024: from --metadata data_dir (aime/aime_1983_2024/train.jsonl), else the hub."""
 
-    def hub():
-        from datasets import load_dataset
-
-        return load_dataset("gneubig/aime-1983-2024", split="train")
-
-    return split_of(benchmark_records("aime", data_dir, hub), "train")
+    return split_of(benchmark_records("aime", data_dir), "train")
 
 
 def load_mini(**kwargs):

@@ -8,12 +8,7 @@ from decodebench.taskdata import benchmark_records, bundled_split, split_of
 def load(data_dir=None, **kwargs):
     """CNN/DailyMail 3.0.0 test: from --metadata data_dir (cnndm/test.jsonl), else the hub."""
 
-    def hub():
-        from datasets import load_dataset
-
-        return load_dataset("abisee/cnn_dailymail", "3.0.0", split="test")
-
-    return split_of(benchmark_records("cnndm", data_dir, hub), "test")
+    return split_of(benchmark_records("cnndm", data_dir), "test")
 
 
 def load_mini(**kwargs):

@@ -41,21 +41,7 @@ def load_mini(**kwargs):
 def load(data_dir=None, **kwargs):
     """GPQA diamond: from --metadata data_dir (gpqa/gpqa_diamond.csv, the hub's CSV), else the gated hub."""
 
-    def hub():
-        from datasets import load_dataset
-
-        try:
-            return load_dataset("Idavidrein/gpqa", "gpqa_diamond", split="train")
-        except Exception as exc:
-            message = str(exc).lower()
-            if any(word in message for word in ("gated", "401", "403", "authenticat", "access")):
-                raise RuntimeError(
-                    "GPQA is a gated dataset: accept its terms on https://huggingface.co/datasets/Idavidrein/gpqa, "
-                    f"then log in with `hf auth login` or set HF_TOKEN ({exc})"
-                ) from exc
-            raise
-
-    return _dataset(benchmark_records("gpqa", data_dir, hub))
+    return _dataset(benchmark_records("gpqa", data_dir))
 
 
 def extract_letter(text: str) -> str | None:

@@ -65,13 +65,8 @@ def load(data_dir=None, **kwargs):
             f"folder at DIR/{SPIDER_DATABASES} (and, without the hub, the questions at DIR/{LOCAL_FILES['spider']})"
         )
 
-    def hub():
-        from datasets import load_dataset
-
-        return load_dataset("xlangai/spider", split="validation")
-
     local = (Path(data_dir).expanduser() / LOCAL_FILES["spider"]).is_file()
-    records = benchmark_records("spider", data_dir if local else None, hub)
+    records = benchmark_records("spider", data_dir if local else None)
     return _with_databases(records, Path(data_dir).expanduser() / SPIDER_DATABASES)
 
 

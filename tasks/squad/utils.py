@@ -8,12 +8,7 @@ from decodebench.taskdata import benchmark_records, bundled_split, split_of
 def load(data_dir=None, **kwargs):
     """SQuAD v1.1 dev: from --metadata data_dir (squad/validation.jsonl), else the hub."""
 
-    def hub():
-        from datasets import load_dataset
-
-        return load_dataset("rajpurkar/squad", split="validation")
-
-    return split_of(benchmark_records("squad", data_dir, hub), "validation")
+    return split_of(benchmark_records("squad", data_dir), "validation")
 
 
 def load_mini(**kwargs):
