@@ -146,10 +146,10 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    """Runs the baseline and a method through the real `lm_eval` in interleaved rounds (A B A B ...) on the same
-    model, tasks and settings, and reports per task the speed ratio's median and range over rounds, and quality from
-    the same generations with its paired difference, interval and p-value. Use it for any speed claim on a shared
-    or noisy machine."""
+    """Checks both sides' arguments, then runs the baseline and a method through the real `lm_eval` in rounds whose
+    order alternates (A B, B A, ...) on the same model, tasks and settings, and reports per task the speed ratio
+    paired per document with its 95% interval (and each round's ratio), and quality from the same generations with
+    its paired difference, interval and p-value. Use it for any speed claim on a shared or noisy machine."""
     from decodebench.compare import run_compare
 
     return run_compare(
@@ -295,7 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compare.add_argument("--tasks", required=True, help="comma-separated tasks")
     compare.add_argument("--out", default="results/compare", help="output folder (default: results/compare)")
-    compare.add_argument("--rounds", type=int, default=3, help="interleaved rounds, baseline then method (default 3)")
+    compare.add_argument(
+        "--rounds", type=int, default=4, help="rounds, the order alternating: A B, B A, ... (default 4)"
+    )
     compare.add_argument("--limit", type=int, default=None, help="documents per task (lm_eval --limit)")
     compare.add_argument("--batch-size", default="1", help="lm_eval --batch_size for both (default 1)")
     compare.add_argument("--gen-kwargs", default=None, help="lm_eval --gen_kwargs for both")

@@ -1,24 +1,31 @@
 """``decodebench compare``: a method against its baseline, measured so that noise cannot fake a speed-up.
 
 On a shared or noisy machine two runs taken at different times differ by more than most
-decoding methods change speed. This command runs the baseline and the method through the real
-``lm_eval`` in interleaved rounds (A B A B ...), same model, tasks, limit, generation kwargs and
-batch size, and reports per task the speed ratio of each round (method tokens/s over the
-baseline's of the same round) as its median and range, next to quality from the same generations:
-the paired difference on the documents, its 95% interval and p-value, from the first round's
-samples logs (greedy generations repeat exactly; other rounds only add timing).
+decoding methods change speed. This command checks both sides' arguments, then runs the baseline
+and the method through the real ``lm_eval`` in rounds whose order alternates (baseline then
+method, then method then baseline, ...), same model, tasks, limit, generation kwargs and batch
+size, and reports per task:
 
-    decodebench compare --model lz --tasks squad_mini --limit 30 --rounds 3 --out results/compare
+- the speed ratio paired per document: each document's new tokens and seconds summed over the
+  rounds on each side (from the samples logs), the method's tokens/s over the baseline's, with the
+  95% bootstrap interval over documents (decodebench.stats.speed_ratio_interval); each round's
+  own ratio is listed beside it;
+- quality from the same generations (the first round's samples logs; greedy generations repeat
+  exactly): the paired difference on the documents, the interval that agrees with its test, and p.
+
+    decodebench compare --model lz --tasks squad_mini --limit 30 --rounds 4 --out results/compare
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 from decodebench.runs import LmEvalRun
+
+SIDES = ("baseline", "method")
 
 
 def parse_model_args(text: str | None) -> dict[str, str]:
@@ -31,15 +38,31 @@ def parse_model_args(text: str | None) -> dict[str, str]:
     return dict(pairs)
 
 
-def backend_args(model: str, model_args: dict[str, str]) -> dict[str, str]:
-    """The method's arguments that are not its own (pretrained, backend, engine settings): the baseline's."""
+def method_class(model: str) -> type:
     from decodebench.models.registry import load_method, methods
 
     registered = methods()
     if model not in registered:
         raise ValueError(f"--model {model} is not a decodebench method; known: {', '.join(sorted(registered))}")
-    own = {option.name for option in load_method(registered[model]).Config.options()}
+    return load_method(registered[model])
+
+
+def backend_args(model: str, model_args: dict[str, str]) -> dict[str, str]:
+    """The method's arguments that are not its own (pretrained, backend, engine settings): the baseline's."""
+    own = {option.name for option in method_class(model).Config.options()}
     return {key: value for key, value in model_args.items() if key not in own}
+
+
+def check_both(model: str, model_args: dict[str, str], baseline_args: dict[str, str]) -> None:
+    """Both sides' arguments, checked as lm_eval would check them, before any round runs."""
+    from lm_eval.utils import simple_parse_args_string
+
+    for side, name, args in (("baseline", "baseline", baseline_args), ("method", model, model_args)):
+        parsed = simple_parse_args_string(",".join(f"{k}={v}" for k, v in args.items()))  # lm_eval's own typing
+        try:
+            method_class(name).check_args(parsed)
+        except ValueError as exc:
+            raise ValueError(f"the {side}'s --model_args: {exc}") from None
 
 
 def run_rounds(
@@ -53,14 +76,14 @@ def run_rounds(
     batch_size: int | str,
     gen_kwargs: str | None,
 ) -> list[dict[str, Path]]:
-    """The result files of each round: {"baseline": ..., "method": ...}, taken A B A B."""
+    """The result files of each round: {"baseline": ..., "method": ...}, the order alternating by round."""
     done = []
     for number in range(1, rounds + 1):
         produced = {}
-        for side, name, args in (("baseline", "baseline", baseline_args), ("method", model, model_args)):
+        for side in SIDES if number % 2 else SIDES[::-1]:
             run = LmEvalRun(
-                model=name,
-                model_args=args,
+                model="baseline" if side == "baseline" else model,
+                model_args=baseline_args if side == "baseline" else model_args,
                 tasks=tasks,
                 output_path=out / f"round-{number}" / side,
                 batch_size=batch_size,
@@ -72,25 +95,63 @@ def run_rounds(
     return done
 
 
+def per_document_speed(task) -> dict[tuple, tuple[int, float]]:
+    """(new tokens, seconds) of each document of a run's task, from its samples log; a request's seconds are
+    its batch window's split evenly over the batch (at batch size 1, its own)."""
+    out: dict[tuple, list] = defaultdict(lambda: [0, 0.0])
+    if task.samples_file is None:
+        return {}
+    seen_filter = None
+    for line in task.samples_file.read_text().splitlines():
+        if not line.strip():
+            continue
+        sample = json.loads(line)
+        seen_filter = seen_filter or sample.get("filter")
+        if sample.get("filter") != seen_filter:
+            continue
+        for record in sample.get("decodebench") or []:
+            key = (sample.get("doc_id"), sample.get("doc_hash"))
+            out[key][0] += record["new_tokens"]
+            out[key][1] += record["latency_s"] / max(1, record.get("batch_size") or 1)
+    return {key: (tokens, seconds) for key, (tokens, seconds) in out.items()}
+
+
 def summarize(rounds: list[dict[str, Path]]) -> dict[str, dict]:
-    """Per task: the speed ratio of each round, its median and range, and quality from round 1."""
+    """Per task: the speed ratio paired per document over all rounds with its interval, each round's ratio, and
+    quality from round 1 with its paired comparison."""
     from decodebench.reports.reader import read_run
     from decodebench.reports.tables import metric_cells
+    from decodebench.stats import speed_ratio_interval
 
-    first = {side: read_run(path) for side, path in rounds[0].items()}
+    runs = [{side: read_run(path) for side, path in produced.items()} for produced in rounds]
+    first = runs[0]
     summary = {}
     for task, method_task in first["method"].tasks.items():
-        ratios = []
-        for produced in rounds:
-            method = read_run(produced["method"]).tasks[task].measurement or {}
-            base = read_run(produced["baseline"]).tasks[task].measurement or {}
-            if method.get("tokens_per_second") and base.get("tokens_per_second"):
-                ratios.append(method["tokens_per_second"] / base["tokens_per_second"])
+        totals = {side: defaultdict(lambda: [0, 0.0]) for side in SIDES}
+        round_ratios = []
+        for produced in runs:
+            speeds = {side: per_document_speed(produced[side].tasks[task]) for side in SIDES}
+            for side in SIDES:
+                for key, (tokens, seconds) in speeds[side].items():
+                    totals[side][key][0] += tokens
+                    totals[side][key][1] += seconds
+            method_tps = (produced["method"].tasks[task].measurement or {}).get("tokens_per_second")
+            base_tps = (produced["baseline"].tasks[task].measurement or {}).get("tokens_per_second")
+            round_ratios.append(method_tps / base_tps if method_tps and base_tps else None)
+        documents = sorted(set(totals["method"]) & set(totals["baseline"]), key=str)
+        documents = [d for d in documents if all(totals[side][d][1] > 0 for side in SIDES)]
+        ratio = interval = None
+        if documents:
+            ratio, found = speed_ratio_interval(
+                *([totals[side][d][k] for d in documents] for side in ("method", "baseline") for k in (0, 1))
+            )
+            interval = found.as_list()
         cells, notes = metric_cells(method_task, first["baseline"].tasks.get(task))
         summary[task] = {
-            "speed_ratios": ratios,
-            "speed_ratio_median": statistics.median(ratios) if ratios else None,
-            "speed_ratio_range": [min(ratios), max(ratios)] if ratios else None,
+            "speed_ratio": ratio,
+            "speed_ratio_interval": interval,
+            "speed_ratio_documents": len(documents),
+            "round_speed_ratios": round_ratios,
             "quality": {
                 name: {"value": cell.value, "interval": cell.interval, "vs_baseline": cell.comparison}
                 for name, cell in cells.items()
@@ -105,20 +166,26 @@ def summarize(rounds: list[dict[str, Path]]) -> dict[str, dict]:
 
 
 def markdown(summary: dict[str, dict], model: str, model_args: dict, rounds: int) -> str:
+    from decodebench.reports.tables import bound_text, p_text
+
     args = ",".join(f"{k}={v}" for k, v in model_args.items())
     lines = [
-        f"# {model}{f' ({args})' if args else ''} against the baseline, {rounds} interleaved round(s)",
+        f"# {model}{f' ({args})' if args else ''} against the baseline, {rounds} round(s) in alternating order",
         "",
-        "| task | n | speed ratio: median [range] | metric | method [95% interval] | baseline "
+        "Speed ratio: the method's tokens/s over the baseline's, paired per document (each document's tokens and "
+        "seconds summed over the rounds on each side), with its 95% bootstrap interval over documents.",
+        "",
+        "| task | n | speed ratio [95% CI] | per round | metric | method [95% interval] | baseline "
         "| paired difference [95% interval] | p |",
-        "|---|---:|---|---|---|---:|---|---:|",
+        "|---|---:|---|---|---|---|---:|---|---:|",
     ]
     for task, row in summary.items():
-        ratio = (
-            f"{row['speed_ratio_median']:.2f}x [{row['speed_ratio_range'][0]:.2f}, {row['speed_ratio_range'][1]:.2f}]"
-            if row["speed_ratios"]
-            else "not measured"
-        )
+        if row["speed_ratio"] is not None:
+            low, high = row["speed_ratio_interval"]
+            ratio = f"{row['speed_ratio']:.2f}x [{low:.2f}, {high:.2f}] ({row['speed_ratio_documents']} documents)"
+        else:
+            ratio = "not measured"
+        per_round = ", ".join(f"{r:.2f}x" if r is not None else "-" for r in row["round_speed_ratios"])
         for metric, cell in row["quality"].items():
             value = "-" if cell["value"] is None else f"{cell['value']:.3f}"
             if cell["interval"]:
@@ -126,16 +193,18 @@ def markdown(summary: dict[str, dict], model: str, model_args: dict, rounds: int
             base = row["baseline_quality"].get(metric)
             comparison = cell["vs_baseline"]
             difference = (
-                f"{comparison['difference']:+.3f} [{comparison['interval'][0]:+.3f}, {comparison['interval'][1]:+.3f}]"
+                f"{comparison['difference']:+.3f} [{bound_text(comparison['interval'][0])}, "
+                f"{bound_text(comparison['interval'][1])}]"
                 if comparison
                 else "-"
             )
-            p_value = f"{comparison['p_value']:.3g}" if comparison else "-"
+            p_value = p_text(comparison) if comparison else "-"
             base_text = f"{base:.3f}" if base is not None else "-"
             lines.append(
-                f"| {task} | {row['n']} | {ratio} | {metric} | {value} | {base_text} | {difference} | {p_value} |"
+                f"| {task} | {row['n']} | {ratio} | {per_round} | {metric} | {value} | {base_text} | {difference} "
+                f"| {p_value} |"
             )
-            ratio = ""  # the ratio once per task
+            ratio = per_round = ""  # once per task
     return "\n".join(lines) + "\n"
 
 
@@ -156,6 +225,7 @@ def run_compare(
     try:
         method_args = parse_model_args(model_args)
         base_args = parse_model_args(baseline_args) or backend_args(model, method_args)
+        check_both(model, method_args, base_args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -170,7 +240,9 @@ def run_compare(
     summary = summarize(rounds_done)
     text = markdown(summary, model, method_args, rounds)
     (out_dir / "compare.md").write_text(text)
-    (out_dir / "compare.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    from decodebench.reports.tables import finite
+
+    (out_dir / "compare.json").write_text(json.dumps(finite(summary), indent=2, allow_nan=False) + "\n")
     print("\n" + text)
     print(f"written to {out_dir / 'compare.md'} and compare.json; `decodebench report {out_dir}` makes a leaderboard")
     return 0

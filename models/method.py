@@ -96,6 +96,14 @@ class Method:
         Unlike lm-eval's default, a key given in ``--model_args`` wins over the CLI's own
         ``--batch_size``/``--device`` instead of failing with a duplicate keyword.
         """
+        config, backend_class, rest = cls.check_args(model_args)
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in rest}
+        return backend_class(method=cls(config), **rest, **extra)
+
+    @classmethod
+    def check_args(cls, model_args: dict[str, Any]) -> tuple[MethodConfig, type, dict[str, Any]]:
+        """(the method's checked configuration, the backend class, the backend's arguments), or a ValueError that
+        names the argument and what is allowed; nothing is loaded."""
         from decodebench.models.backend import load_backend
 
         args = dict(model_args)
@@ -115,8 +123,7 @@ class Method:
                 f"  Backend: backend ({', '.join(cls.backends)}).\n"
                 f"  {backend} arguments: {', '.join(sorted(allowed))}."
             )
-        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in rest}
-        return backend_class(method=cls(config), **rest, **extra)
+        return config, backend_class, rest
 
     @classmethod
     def demo_model_args(cls) -> dict[str, Any]:

@@ -26,7 +26,9 @@ from decodebench.reports.tables import (
     markdown,
     memory_text,
     metric_names,
+    p_text,
     percentiles_text,
+    ratio_text,
     speed_text,
 )
 
@@ -55,7 +57,7 @@ def _html_rows(rows: list[Row], metrics: list[str], primary: str | None) -> list
             delta = _cell(
                 comparison_text(primary_cell),
                 comparison["difference"],
-                f"{comparison['test']} on {comparison['n']} paired documents, p = {comparison['p_value']:.4g}",
+                f"{comparison['test']} on {comparison['n']} paired documents, {p_text(comparison)}",
                 "significant" if primary_cell.significant else "",
             )
         else:
@@ -68,16 +70,21 @@ def _html_rows(rows: list[Row], metrics: list[str], primary: str | None) -> list
                 "n": _cell(
                     str(row.n) if row.n is not None else "-",
                     row.n,
-                    f"fewer than {SMALL_N} documents: intervals are wide" if row.small_n else "",
+                    "fewer than 10 documents: intervals are approximate"
+                    if row.approximate
+                    else (f"fewer than {SMALL_N} documents: intervals are wide" if row.small_n else ""),
                     "small-n" if row.small_n else "",
                 ),
                 "metrics": cells,
                 "delta": delta,
                 "speed": _cell(speed_text(row), row.tokens_per_second, row.speed_note or "95% bootstrap interval"),
                 "ratio": _cell(
-                    f"{row.speed_ratio:.2f}x" if row.speed_ratio is not None else (row.speed_note or "-"),
+                    ratio_text(row),
                     row.speed_ratio,
-                    f"against {row.baseline.path}" if row.baseline else (row.baseline_note or ""),
+                    f"two runs taken at different times, against {row.baseline.path}: for a speed claim, "
+                    "`decodebench compare` runs both in interleaved rounds"
+                    if row.baseline
+                    else (row.baseline_note or ""),
                 ),
                 "latency": _cell(percentiles_text(m.get("latency_s")), (m.get("latency_s") or {}).get("p50")),
                 "ttft": _cell(percentiles_text(m.get("ttft_s")), (m.get("ttft_s") or {}).get("p50")),

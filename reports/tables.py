@@ -6,12 +6,15 @@ run's ``--limit``, ``--gen_kwargs``, chat template and system instruction); spee
 the same batch size. A run with no such baseline, or without samples logs, says so instead of
 showing a ratio or a test.
 
-- quality: each metric's 95% interval from the samples log (Wilson for 0/1 metrics, bootstrap
-  over documents otherwise), and against the baseline the paired difference on the documents both
-  answered, its interval and p-value (McNemar's exact test for 0/1 metrics, paired bootstrap
-  otherwise); a difference with p < 0.05 is marked;
-- speed: tokens/s with its bootstrap interval, the ratio to the baseline, latency, time to first
-  token and time per output token percentiles;
+- quality: each metric's 95% interval from the samples log (Wilson with continuity correction for
+  0/1 metrics, Student's t otherwise; which a metric is comes from its definition,
+  decodebench.metrics.kinds), and against the baseline the paired difference on the documents both
+  answered, an interval that agrees with its test, and the p-value (McNemar's exact test for 0/1
+  metrics, the paired sign-flip permutation test otherwise; decodebench.stats); a difference with
+  p < 0.05 is marked; below 10 documents intervals are marked approximate;
+- speed: tokens/s with its bootstrap interval, the ratio to the baseline (two runs taken at different
+  times: labelled "not interleaved", never marked significant; `decodebench compare` measures a
+  paired one), latency, time to first token and time per output token percentiles;
 - memory and energy: peak memory of generation, joules per output and per total token.
 """
 
@@ -25,11 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decodebench.measure.machine import short_name
+from decodebench.metrics.kinds import is_binary_metric
 from decodebench.reports.reader import TOKEN_WEIGHTED, Run, TaskResult
-from decodebench.stats import paired_comparison, quality_interval
+from decodebench.stats import APPROXIMATE_BELOW, paired_comparison, quality_interval
 
 SIGNIFICANCE = 0.05
 SMALL_N = 30
+NOT_INTERLEAVED = "not interleaved"  # a ratio of two runs taken at different times
 
 
 @dataclass
@@ -74,6 +79,11 @@ class Row:
         return self.n is not None and self.n < SMALL_N
 
     @property
+    def approximate(self) -> bool:
+        """Below APPROXIMATE_BELOW documents an interval's coverage is only approximate."""
+        return self.n is not None and self.n < APPROXIMATE_BELOW
+
+    @property
     def tokens_per_second(self) -> float | None:
         return self.measurement.get("tokens_per_second")
 
@@ -100,6 +110,7 @@ class Row:
             "batch_size": self.run.batch_size,
             "n": self.n,
             "n_below_30": self.small_n,
+            "intervals_approximate": self.approximate,
             "primary_metric": self.task.primary_metric,
             "metrics": {
                 name: {
@@ -116,6 +127,7 @@ class Row:
             "tokens_per_second": self.tokens_per_second,
             "tokens_per_second_interval": m.get("tokens_per_second_interval"),
             "speed_ratio_vs_baseline": self.speed_ratio,
+            "speed_ratio_kind": NOT_INTERLEAVED if self.speed_ratio is not None else None,
             "speed_note": self.speed_note,
             "latency_s": m.get("latency_s"),
             "ttft_s": m.get("ttft_s"),
@@ -182,17 +194,22 @@ def metric_cells(task: TaskResult, baseline_task: TaskResult | None) -> tuple[di
     for metric, value in task.metrics.items():
         cell = MetricCell(value)
         values = documents.get(metric)
+        binary = is_binary_metric(metric)
+        if binary and values and any(v not in (0, 1) for v in values.values()):
+            notes.append(f"{metric}: a 0/1 metric by its definition, but its values are not all 0 or 1: no interval")
+            cells[metric] = cell
+            continue
         if metric in TOKEN_WEIGHTED:
             cell.interval_method = "token-weighted: no per-document interval"
         elif values:
-            interval, method = quality_interval(list(values.values()))
+            interval, method = quality_interval(list(values.values()), binary)
             cell.interval, cell.interval_method = interval.as_list(), method
             base = base_documents.get(metric)
             if base:
                 shared = sorted(set(values) & set(base), key=str)
-                if shared:
+                if shared and not (binary and any(base[k] not in (0, 1) for k in shared)):
                     cell.comparison = paired_comparison(
-                        [values[k] for k in shared], [base[k] for k in shared]
+                        [values[k] for k in shared], [base[k] for k in shared], binary
                     ).as_dict()
                 if len(shared) < len(values):
                     notes.append(f"{metric}: {len(values) - len(shared)} document(s) not answered by the baseline")
@@ -272,13 +289,32 @@ def interval_text(cell: MetricCell) -> str:
     return text
 
 
+def bound_text(value: float | None) -> str:
+    return f"{value:+.3f}" if value is not None and math.isfinite(value) else "unbounded"
+
+
+def p_text(comparison: dict) -> str:
+    """The p-value, with its resolution where the test sampled its permutations."""
+    p, resolution = comparison["p_value"], comparison.get("resolution")
+    if resolution and p <= resolution * 1.000001:
+        return f"p<={resolution:.2g} (its resolution)"
+    return f"p={p:.3g}"
+
+
 def comparison_text(cell: MetricCell) -> str:
-    """'+0.050* [0.010, 0.090] p=0.012' (* when p < 0.05), or '-' without a paired baseline."""
+    """'+0.050* [+0.010, +0.090] p=0.012' (* when p < 0.05), or '-' without a paired baseline."""
     c = cell.comparison
     if not c:
         return "-"
     mark = "*" if cell.significant else ""
-    return f"{c['difference']:+.3f}{mark} [{c['interval'][0]:+.3f}, {c['interval'][1]:+.3f}] p={c['p_value']:.3g}"
+    low, high = c["interval"]
+    return f"{c['difference']:+.3f}{mark} [{bound_text(low)}, {bound_text(high)}] {p_text(c)}"
+
+
+def ratio_text(row: Row) -> str:
+    if row.speed_ratio is None:
+        return row.speed_note or "-"
+    return f"{row.speed_ratio:.2f}x ({NOT_INTERLEAVED})"
 
 
 def speed_text(row: Row) -> str:
@@ -313,6 +349,8 @@ def energy_text(row: Row, footnote: int | None = None) -> str:
 def n_text(row: Row) -> str:
     if row.n is None:
         return "-"
+    if row.approximate:
+        return f"{row.n} (below {APPROXIMATE_BELOW}: intervals approximate)"
     return f"{row.n} (below {SMALL_N})" if row.small_n else str(row.n)
 
 
@@ -324,10 +362,13 @@ def markdown(by_task: dict[str, list[Row]], runs: list[Run], problems: list[str]
     if revisions:
         lines.append(f"- git revisions: {', '.join(revisions)}")
     lines += [
-        "- quality: value [95% interval]; Δ: paired difference from the baseline of the same configuration "
-        "[95% interval] and p-value (McNemar exact for 0/1 metrics, paired bootstrap otherwise); * marks p < 0.05",
-        "- speed: tokens/s [95% bootstrap interval]; latency and TTFT p50/p90/p99 in s; TPOT p50/p90/p99 in ms; "
-        "J/token: per output token / per prompt+output token",
+        "- quality: value [95% interval: Wilson with continuity correction for 0/1 metrics, Student's t otherwise]; "
+        "Δ: paired difference from the baseline of the same configuration [95% interval that agrees with the test] "
+        "and p-value (McNemar's exact test for 0/1 metrics, the paired sign-flip permutation test otherwise); "
+        "* marks p < 0.05; fewer than 6 pairs can never reach it (unbounded interval)",
+        "- speed: tokens/s [95% bootstrap interval]; x baseline: ratio of two runs taken at different times "
+        f"({NOT_INTERLEAVED}; `decodebench compare` measures interleaved, paired ratios); latency and TTFT "
+        "p50/p90/p99 in s; TPOT p50/p90/p99 in ms; J/token: per output token / per prompt+output token",
         "",
     ]
     notes: list[str] = []
@@ -367,7 +408,7 @@ def markdown(by_task: dict[str, list[Row]], runs: list[Run], problems: list[str]
                 *(interval_text(row.metrics[m]) if m in row.metrics else "-" for m in metrics),
                 delta,
                 speed_text(row),
-                f"{row.speed_ratio:.2f}x" if row.speed_ratio is not None else (row.speed_note or "-"),
+                ratio_text(row),
                 percentiles_text(row.measurement.get("latency_s")),
                 percentiles_text(row.measurement.get("ttft_s")),
                 percentiles_text(row.measurement.get("tpot_s"), 1000, 1),

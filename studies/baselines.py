@@ -52,8 +52,9 @@ def collect(folder: Path, argv: list[str], out: str, limit: int | None, batch_si
 
 
 def render(folder: Path) -> str:
+    from decodebench.metrics.kinds import is_binary_metric
     from decodebench.reports.reader import read_run
-    from decodebench.stats import quality_interval
+    from decodebench.stats import APPROXIMATE_BELOW, quality_interval
 
     path = kept_results(folder)
     results, run = json.loads(path.read_text()), read_run(path)
@@ -62,8 +63,9 @@ def render(folder: Path) -> str:
         *run_header(folder, "The baseline on the bundled real samples", "baselines"),
         f"- command: `{load_json(folder, 'run.json')['lm_eval_command']}`",
         "- model: the embedded SmolLM2-135M-Instruct, greedy, chat template, each task's generation length",
-        "- interval: 95% over the task's documents (n), from the samples log: Wilson for 0/1 metrics, the bootstrap "
-        "otherwise; a metric that is not a mean over documents (infini-gram agreement is token-weighted) has none",
+        "- interval: 95% over the task's documents (n), from the samples log: Wilson with continuity correction for "
+        "0/1 metrics, Student's t otherwise (decodebench.stats); a metric that is not a mean over documents "
+        "(infini-gram agreement is token-weighted) has none",
         "- agreement: infini-gram agreement with the reference index (Python's documentation, no benchmark text)",
         "",
         "| task | n | metric | value | 95% interval | mean new tokens | tokens/s |",
@@ -80,8 +82,10 @@ def render(folder: Path) -> str:
             values = list(per_document.get(metric, {}).values())
             interval = "n/a (not a mean over documents)"
             if values and abs(sum(values) / len(values) - value) < 1e-9:
-                bounds, kind = quality_interval(values)
+                bounds, kind = quality_interval(values, is_binary_metric(metric))
                 interval = f"[{bounds.low:.3f}, {bounds.high:.3f}] {kind}"
+                if n < APPROXIMATE_BELOW:
+                    interval += f" (approximate: n below {APPROXIMATE_BELOW})"
             lines.append(
                 f"| {task} | {n} | {metric} | {value:.3f} | {interval} | {stats['new_tokens'] / stats['requests']:.0f} "
                 f"| {stats['tokens_per_second']:.1f} |"

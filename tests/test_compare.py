@@ -1,4 +1,4 @@
-"""`decodebench compare`: interleaved rounds through the real lm_eval, the ratio's median and range."""
+"""`decodebench compare`: rounds of alternating order through the real lm_eval, a speed ratio paired per document."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from test_reports import BASE, BETTER, results_file
 from decodebench.compare import backend_args, parse_model_args, summarize
 
 
-def test_the_speed_ratio_is_the_median_and_range_of_the_rounds_and_quality_is_paired(tmp_path):
+def test_the_speed_ratio_is_paired_per_document_over_the_rounds_and_quality_is_paired(tmp_path):
     rounds = []
     for number, (base_seconds, method_seconds) in enumerate([(10.0, 5.0), (10.0, 4.0), (20.0, 5.0)], 1):
         rounds.append(
@@ -23,12 +23,35 @@ def test_the_speed_ratio_is_the_median_and_range_of_the_rounds_and_quality_is_pa
             }
         )
     summary = summarize(rounds)["squad_mini"]
-    assert summary["speed_ratios"] == pytest.approx([2.0, 2.5, 4.0])
-    assert summary["speed_ratio_median"] == pytest.approx(2.5) and summary["speed_ratio_range"] == pytest.approx(
-        [2.0, 4.0]
-    )
+    assert summary["round_speed_ratios"] == pytest.approx([2.0, 2.5, 4.0])
+    # each document: the same tokens on both sides, 40 s of baseline over 14 s of method, summed over the rounds
+    assert summary["speed_ratio"] == pytest.approx(40 / 14) and summary["speed_ratio_documents"] == 40
+    assert summary["speed_ratio_interval"] == pytest.approx([40 / 14, 40 / 14])
     comparison = summary["quality"]["normalized_accuracy"]["vs_baseline"]
     assert comparison["difference"] == pytest.approx(0.3) and comparison["p_value"] < 0.05
+
+
+def test_both_sides_arguments_are_checked_before_anything_runs(tmp_path):
+    proc = run_command(
+        [
+            console_script("decodebench"),
+            *("compare", "--model", "lz", "--model-args", "pretrained=embedded,strength=nan", "--tasks", "squad_mini"),
+            *("--out", str(tmp_path / "compare")),
+        ],
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "the method's --model_args: strength=nan: must be a finite number" in proc.stderr
+    assert not (tmp_path / "compare").exists(), "nothing may run before both sides are checked"
+    bad_baseline = run_command(
+        [
+            console_script("decodebench"),
+            *("compare", "--model", "lz", "--baseline-args", "pretrained=embedded,windw=3", "--tasks", "squad_mini"),
+        ],
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert bad_baseline.returncode == 2 and "the baseline's --model_args: Unknown model argument" in bad_baseline.stderr
 
 
 def test_the_baseline_gets_the_methods_arguments_that_are_not_its_own():
@@ -54,7 +77,9 @@ def test_compare_runs_baseline_and_method_interleaved_through_lm_eval(tiny_check
     )
     assert proc.returncode == 0, explain(proc)
     order = [line.split("] ")[1].split(":")[0] for line in proc.stdout.splitlines() if line.startswith("[round ")]
-    assert order == ["baseline", "method", "baseline", "method"]  # A B A B
+    assert order == ["baseline", "method", "method", "baseline"]  # A B, B A
     summary = json.loads((out / "compare.json").read_text())["squad_mini"]
-    assert len(summary["speed_ratios"]) == 2 and summary["n"] == 2
-    assert "speed ratio: median [range]" in (out / "compare.md").read_text()
+    assert len(summary["round_speed_ratios"]) == 2 and summary["n"] == 2 and summary["speed_ratio_documents"] == 2
+    low, high = summary["speed_ratio_interval"]
+    assert low <= summary["speed_ratio"] <= high
+    assert "speed ratio [95% CI]" in (out / "compare.md").read_text()

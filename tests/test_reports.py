@@ -34,6 +34,7 @@ def results_file(
     batch_size=1,
     extra_metrics=None,
     decoding=None,
+    f1=None,
 ) -> Path:
     """A results JSON in lm-eval 0.4.13's schema, as decodebench's models write it, and its samples log.
 
@@ -65,10 +66,22 @@ def results_file(
             "decoding": [decoding or {"do_sample": False}],
         }
         configs[task] = {"generation_kwargs": {"until": [], "max_gen_toks": max_gen_toks, "do_sample": False}}
+        # every request's own measurement, as decodebench logs it: an even share of the task's tokens and time
+        request = {"new_tokens": tokens // len(correct), "latency_s": seconds / len(correct), "batch_size": 1}
         lines = [
-            {"doc_id": i, "doc_hash": f"h{i}", "filter": "none", "normalized_accuracy": float(value)}
+            {
+                "doc_id": i,
+                "doc_hash": f"h{i}",
+                "filter": "none",
+                "normalized_accuracy": float(value),
+                **({"decodebench": [request]} if measured else {}),
+            }
             for i, value in enumerate(correct)
         ]
+        if f1 is not None:  # a continuous metric beside the 0/1 one
+            results[task]["f1,none"] = sum(f1) / len(f1)
+            for line, value in zip(lines, f1, strict=True):
+                line["f1"] = value
         (folder / f"samples_{task}_{DATE}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     config = {"model": method, "model_args": {"pretrained": pretrained}, "batch_size": batch_size, "limit": None}
     if measured:
@@ -127,7 +140,7 @@ def test_tables_show_intervals_paired_tests_speed_memory_and_energy(outputs, tmp
     squad = {row["run"]: row for row in data["tasks"]["squad_mini"]}
     lz = squad["lz (penalty=lz)"]
     accuracy = lz["metrics"]["normalized_accuracy"]
-    assert accuracy["value"] == 0.8 and accuracy["interval_method"] == "wilson"
+    assert accuracy["value"] == 0.8 and accuracy["interval_method"] == "wilson-cc"
     assert accuracy["interval"] == pytest.approx(wilson_interval(32, 40).as_list())
     assert accuracy["vs_baseline"]["test"] == "mcnemar-exact"
     assert accuracy["vs_baseline"]["p_value"] == pytest.approx(mcnemar_exact(12, 0))
@@ -141,16 +154,32 @@ def test_tables_show_intervals_paired_tests_speed_memory_and_energy(outputs, tmp
     assert next(row["run"] for row in data["tasks"]["squad_mini"]) == "lz (penalty=lz)"  # best quality first
     assert data["tasks"]["cnndm_mini"][0]["n_below_30"] is True
     markdown = (tmp_path / "board" / "leaderboard.md").read_text()
-    assert "| lz (penalty=lz) | 40 | 0.800 [0.652, 0.895] | +0.300* [" in markdown
+    assert "| lz (penalty=lz) | 40 | 0.800 [0.639, 0.904] | +0.300* [" in markdown
     assert (
-        "| 5.0 [4.5, 5.5] | 0.50x | 0.50/0.90/0.99 | 0.10/0.20/0.25 | 20.0/30.0/40.0 | 300 MiB | 0.5000 / 0.1250 |"
-        in markdown
+        "| 5.0 [4.5, 5.5] | 0.50x (not interleaved) | 0.50/0.90/0.99 | 0.10/0.20/0.25 | 20.0/30.0/40.0 | 300 MiB "
+        "| 0.5000 / 0.1250 |" in markdown
     )
-    assert "| 6 (below 30) |" in markdown
+    assert "| 6 (below 10: intervals approximate) |" in markdown
+    assert data["tasks"]["cnndm_mini"][0]["intervals_approximate"] is True
     assert "plain lm-eval run: no speed or energy measurements" in markdown
     assert "block efficiency 2.50" in markdown
     rows = list(csv.DictReader(io.StringIO((tmp_path / "board" / "leaderboard.csv").read_text())))
     assert len(rows) == 5 and {r["task"] for r in rows} == {"squad_mini", "cnndm_mini"}
+
+
+def test_with_five_documents_no_p_value_is_below_what_five_pairs_allow(tmp_path):
+    """Every document better by the same margin, 0/1 and continuous: exact paired tests cannot go below 2/2^5."""
+    results_file(tmp_path / "baseline", "baseline", {"squad_mini": ([0] * 5, 50, 5.0)}, f1=[0.1] * 5)
+    results_file(tmp_path / "lz", "lz", {"squad_mini": ([1] * 5, 50, 5.0)}, f1=[0.6] * 5)
+    write_report([tmp_path], tmp_path / "board")
+    rows = json.loads((tmp_path / "board" / "leaderboard.json").read_text())["tasks"]["squad_mini"]
+    lz = next(r for r in rows if r["method"] == "lz")
+    comparisons = [lz["metrics"][m]["vs_baseline"] for m in ("normalized_accuracy", "f1")]
+    assert [c["test"] for c in comparisons] == ["mcnemar-exact", "sign-flip-exact"]
+    assert all(c["p_value"] == pytest.approx(0.0625) for c in comparisons)
+    assert comparisons[1]["interval"] == [None, None]  # unbounded: strict JSON has no infinity
+    markdown = (tmp_path / "board" / "leaderboard.md").read_text()
+    assert "| +1.000 [-0.044, +1.000] p=0.0625 |" in markdown and "5 (below 10: intervals approximate)" in markdown
 
 
 def test_a_baseline_with_another_configuration_is_never_used(tmp_path):
