@@ -1,5 +1,5 @@
 """Regression benchmarks (``tox -e bench``): kernels and a short decode on the embedded model.
 
-Every benchmark is compared with benchmarks/baseline.json by check_regression.py: directly when the machine
-is the same, otherwise as a ratio to ``test_calibration_matmul`` measured in the same run.
+benchmarks/check_regression.py runs them against this tree and against a baseline revision in the same run, in
+rounds of alternating order, and pairs the two per round.
 """

@@ -8,7 +8,6 @@ with the path of every results file, and the leaderboard of the runs is written 
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -99,37 +98,47 @@ def run_demo(
 
 
 def summary_table(produced: dict[str, Path | None]) -> str:
-    lines = ["", "| run | task | quality | tokens/s | J/token | results file |", "|---|---|---|---|---|---|"]
+    """Per task and run: the task's main metric with its interval and its paired difference from the baseline,
+    tokens/s and its ratio to the baseline's, peak memory and J/token (the leaderboard's own cells)."""
+    from decodebench.reports.reader import read_run
+    from decodebench.reports.tables import (
+        build_rows,
+        comparison_text,
+        energy_text,
+        interval_text,
+        memory_text,
+        n_text,
+        ratio_text,
+        speed_text,
+    )
+
+    runs = [read_run(path) for path in produced.values() if path is not None]
+    order = {name: number for number, name in enumerate(produced)}
+    lines = [
+        "",
+        "| task | run | n | quality [95% interval] | vs baseline [95% interval], p | tokens/s | x baseline "
+        "| peak memory | J/token |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     reasons = set()
-    for name, path in produced.items():
-        if path is None:
-            lines.append(f"| {name} | - | FAILED: no results | - | - | - |")
-            continue
-        results = json.loads(path.read_text())
-        tasks = results.get("config", {}).get("decodebench", {}).get("tasks", {})
-        for task, scores in results.get("results", {}).items():
-            if task not in tasks:  # a group's own row
-                continue
-            quality = ", ".join(
-                f"{key.split(',')[0]} {value:.3f}"
-                for key, value in scores.items()
-                if "," in key and "_stderr" not in key and isinstance(value, (int, float))
-            )
-            speed = tasks.get(task, {})
-            tps = speed.get("tokens_per_second")
-            jpt = speed.get("joules_per_token")
-            energy = f"{jpt:.3f}" if jpt is not None else "unavailable"
-            if speed.get("energy_unavailable_reason"):
-                reasons.add(speed["energy_unavailable_reason"])
+    for task, rows in build_rows(runs).items():
+        for row in sorted(rows, key=lambda r: order.get(r.run.method, len(order))):
+            metric = row.task.primary_metric
+            cell = row.metrics.get(metric) if metric else None
+            quality = f"{metric} {interval_text(cell)}" if cell else "-"
+            if row.joules_per_token is None and row.energy_note:
+                reasons.add(row.energy_note)
             lines.append(
-                f"| {name} | {task} | {quality} | {tps:.1f} | {energy} | {path} |"
-                if tps is not None
-                else f"| {name} | {task} | {quality} | - | {energy} | {path} |"
+                f"| {task} | {row.run.method} | {n_text(row)} | {quality} | {comparison_text(cell) if cell else '-'} "
+                f"| {speed_text(row)} | {ratio_text(row)} | {memory_text(row)} | {energy_text(row)} |"
             )
     lines.append("")
-    for name, path in produced.items():
-        if path is not None:
-            info = json.loads(path.read_text()).get("config", {}).get("decodebench", {})
-            lines.append(f"{name}: {info.get('method_label', '?')}")
+    for run in runs:
+        lines.append(f"{run.method}: {run.method_label or '?'}; results: {run.path}")
+    lines += [f"{name}: FAILED, no results" for name, path in produced.items() if path is None]
     lines += [f"\nJ/token unavailable: {reason}" for reason in sorted(reasons)]
+    lines.append(
+        "\nSpeed ratios here divide runs taken one after another; for a speed claim, `decodebench compare` runs a "
+        "method and the baseline in interleaved rounds and pairs them per document."
+    )
     return "\n".join(lines)

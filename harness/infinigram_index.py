@@ -19,8 +19,10 @@ sample appears in it as an 8-gram). It proves the pipeline; real agreement studi
 ``check_index`` refuses a damaged index before the C++ engine reads it (a damaged one can crash
 the process): files whose names the engine would pick up but that are not the index's shards,
 shards whose sizes disagree with each other or with the sizes recorded at build time, offsets
-that do not point at document separators, and, for indexes under 1 GiB, files whose sha256 is
-not the one recorded at build time.
+that do not point at document separators, a suffix array whose sampled entries point outside the
+data or between tokens, repeat, or are out of the order of their suffixes (checked whatever the
+metadata records: prebuilt indexes and indexes of 1 GiB or more have no checksums checked), and,
+for indexes under 1 GiB, files whose sha256 is not the one recorded at build time.
 """
 
 from __future__ import annotations
@@ -211,6 +213,8 @@ def check_index(path: str | Path) -> IndexInfo:
                         "differs); rebuild it with `decodebench build-index`"
                     )
             verified = True
+    for suffix in shards:  # after the checksums, which name the damaged file when they were recorded
+        _check_suffix_array(path, suffix, width)
     fields = {k: meta.get(k) for k in ("tokenizer", "tokenizer_fingerprint", "vocab_size", "eos_token_id", "corpus")}
     return IndexInfo(
         path=path,
@@ -282,6 +286,42 @@ def _check_shard(path: Path, suffix: str, width: int, recorded: dict | None) -> 
     starts = data[(sample[:, None].astype(np.int64) + np.arange(width)).ravel()]
     if not np.all(starts == 0xFF):
         raise InfinigramIndexError(f"{path} is damaged: document offsets of shard {suffix} do not point at separators")
+
+
+SUFFIX_ARRAY_SAMPLE = 4096  # adjacent pairs of suffix-array entries checked per shard
+COMPARED_BYTES = 64  # how much of two suffixes the order check compares
+
+
+def _check_suffix_array(path: Path, suffix: str, width: int) -> None:
+    """A sample of the suffix array must hold distinct pointers to token starts inside the data, in the order of
+    the suffixes they point at: the engine follows them without checking, and a table of random bytes, zeros or
+    0xFF crashes it (an index without recorded checksums is otherwise taken as it is)."""
+    table = path / f"table.{suffix}"
+    data = np.memmap(path / f"tokenized.{suffix}", dtype=np.uint8, mode="r")
+    pointer_bytes = math.ceil(math.log2(len(data)) / 8) if len(data) > 1 else 1
+    entries = np.memmap(table, dtype=np.uint8, mode="r").reshape(-1, pointer_bytes)
+    count = len(entries)
+    rows = np.unique(np.concatenate([[0], np.linspace(0, count - 2, SUFFIX_ARRAY_SAMPLE).astype(np.int64)]))
+    rows = rows[rows + 1 < count] if count > 1 else rows
+    pairs = np.concatenate([rows, rows + 1]) if count > 1 else rows
+    raw = np.asarray(entries[pairs], dtype=np.uint64)
+    pointers = (raw << (8 * np.arange(pointer_bytes, dtype=np.uint64))).sum(axis=1)  # little-endian
+    problem = None
+    if np.any(pointers >= len(data)) or np.any(pointers % width):
+        problem = "points outside the data or between tokens"
+    elif count > 1 and len(np.unique(pointers)) < len(pointers):
+        problem = "repeats pointers"
+    else:
+        first, second = pointers[: len(rows)], pointers[len(rows) :]
+        for a, b in zip(first.tolist(), second.tolist(), strict=True):
+            if bytes(data[a : a + COMPARED_BYTES]) > bytes(data[b : b + COMPARED_BYTES]):
+                problem = "is not in the order of its suffixes"
+                break
+    if problem:
+        raise InfinigramIndexError(
+            f"{path} is damaged: the suffix array of shard {suffix} ({table.name}) {problem} (checked on "
+            f"{len(pairs)} entries); rebuild the index with `decodebench build-index`"
+        )
 
 
 class Index:

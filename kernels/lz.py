@@ -56,17 +56,23 @@ import torch
 
 PAD = -1
 CODELENGTHS = ("authors", "propositions")
+# Upper bounds on the compressor's sizes: a step costs O(window * buffer) per row, so these cap what any request
+# (a served client's included) can make one step cost, at 8x and 8x the authors' window 512 and buffer 32.
+MAX_WINDOW = 4096
+MAX_BUFFER = 256
 
 
 def check_lz_sizes(window: int, buffer: int) -> None:
-    """The compressor's sizes must be integers with ``window > buffer >= 1``."""
+    """The sizes must be integers with ``buffer < window <= MAX_WINDOW`` and ``1 <= buffer <= MAX_BUFFER``."""
     for name, value in (("window", window), ("buffer", buffer)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"{name} must be an integer, got {value!r}")
-    if buffer < 1:
-        raise ValueError(f"buffer must be at least 1, got {buffer}")
-    if window <= buffer:
-        raise ValueError(f"window must be larger than buffer, got window={window}, buffer={buffer}")
+    if not 1 <= buffer <= MAX_BUFFER:
+        raise ValueError(f"buffer={buffer}: must be in [1, {MAX_BUFFER}] (the authors': 32)")
+    if not buffer < window <= MAX_WINDOW:
+        raise ValueError(
+            f"window={window}: must be larger than buffer={buffer} and at most {MAX_WINDOW} (the authors': 512)"
+        )
 
 
 def left_pad(histories: list[list[int]], device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -79,6 +79,7 @@ class Run:
     model: str
     method: str
     method_args: dict[str, Any]
+    method_label: str | None
     pretrained: str
     backend: str | None
     machine: dict[str, Any] | None
@@ -201,6 +202,7 @@ def read_run(path: Path) -> Run:
         model=str(config.get("model", "?")),
         method=info.get("method", str(config.get("model", "?"))),
         method_args=info.get("method_args", {}),
+        method_label=info.get("method_label"),
         pretrained=str(info.get("pretrained") or model_args.get("pretrained") or data.get("model_name") or "?"),
         backend=info.get("backend"),
         machine=info.get("machine"),

@@ -147,6 +147,26 @@ def test_a_truncated_shard_is_refused_even_without_recorded_sizes(small_index, t
             check_index(broken)
 
 
+@pytest.mark.parametrize("filling", ["random", "zeros", "0xff"])
+def test_a_damaged_suffix_array_is_refused_without_recorded_checksums(small_index, tmp_path, filling):
+    """table.0 overwritten at its own size, in an index whose metadata records no files (prebuilt indexes, and what
+    the README tells their users to write): the engine would segfault on it (rc 139, no message)."""
+    index, _ = small_index
+    broken = damaged_copy(index, tmp_path, filling)
+    meta = json.loads((broken / "decodebench-index.json").read_text())
+    del meta["files"]
+    (broken / "decodebench-index.json").write_text(json.dumps(meta))
+    size = (broken / "table.0").stat().st_size
+    content = {
+        "random": np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tobytes(),
+        "zeros": bytes(size),
+        "0xff": b"\xff" * size,
+    }[filling]
+    (broken / "table.0").write_bytes(content)
+    with pytest.raises(InfinigramIndexError, match=r"suffix array of shard 0 \(table.0\)"):
+        check_index(broken)
+
+
 def test_foreign_files_beside_valid_metadata_are_refused(small_index, tmp_path):
     """infini-gram's engine reads every file whose name contains `tokenized`, `table`, ... ."""
     index, _ = small_index

@@ -139,8 +139,10 @@ def test_batched_rows_do_not_affect_each_other():
 @pytest.mark.parametrize(
     ("window", "buffer", "message"),
     [
-        (32, 32, "window must be larger than buffer"),
-        (8, 0, "buffer must be at least 1"),
+        (32, 32, r"window=32: must be larger than buffer=32 and at most 4096"),
+        (8, 0, r"buffer=0: must be in \[1, 256\]"),
+        (100_000_000, 32, r"window=100000000: must be larger than buffer=32 and at most 4096"),
+        (8192, 10_000_000, r"buffer=10000000: must be in \[1, 256\]"),
         (8.0, 2, "window must be an integer"),
         (8, 2.5, "buffer must be an integer"),
         (True, 2, "window must be an integer"),

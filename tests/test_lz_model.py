@@ -73,7 +73,9 @@ def test_frequency_processor_subtracts_counts_of_generated_tokens_only():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ({"window": 32, "buffer": 32}, "window must be larger than buffer, got window=32, buffer=32"),
+        ({"window": 32, "buffer": 32}, "window=32: must be larger than buffer=32 and at most 4096"),
+        ({"window": 200_000_000}, r"window=200000000: must be in \[2, 4096\]"),
+        ({"buffer": 100_000_000}, r"buffer=100000000: must be in \[1, 256\]"),
         ({"strength": -0.1}, "strength=-0.1: must be >= 0"),
         ({"penalty": "repetition", "strength": 0.5}, "the repetition penalty factor must be >= 1"),
         ({"penalty": "presence"}, "choose one of"),

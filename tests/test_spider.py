@@ -227,6 +227,32 @@ def test_an_endless_query_is_stopped(db):
     assert time.monotonic() - start < 30  # generous: only checks that the query did not run to the end
 
 
+# One function call runs to its end whatever SQLite's interrupts: these took 60 s and, row by row, 95 s for 40 rows
+LONG_CALLS = {
+    "a 49,000-character LIKE pattern": "SELECT count(*) FROM singer WHERE printf('%.999000c','a') LIKE '%' || "
+    "printf('%.49000c','a') || 'b'",
+    "a long LIKE pattern on every row": "SELECT count(*) FROM singer WHERE printf('%.999000c', name) LIKE '%' || "
+    "printf('%.990c', name) || 'b'",
+    "a GLOB on every row": "SELECT count(*) FROM singer WHERE printf('%.99000c', name) GLOB '*' || "
+    "printf('%.990c', name) || 'b'",
+    "an instr of 49 KB in 99 KB on every row": "SELECT count(*) FROM singer WHERE instr(printf('%.99000c', name), "
+    "printf('%.49000c', name) || 'b')",
+}
+
+
+@pytest.mark.parametrize("case", list(LONG_CALLS))
+def test_a_prediction_made_of_long_single_calls_is_bounded_under_15_s(case, tmp_path):
+    path = tmp_path / "concert.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE singer (name TEXT)")
+    conn.executemany("INSERT INTO singer VALUES (?)", [(f"singer {i}",) for i in range(40)])
+    conn.commit()
+    conn.close()
+    start = time.monotonic()
+    assert score(LONG_CALLS[case], "SELECT count(*) FROM singer", path, timeout_s=10.0) == 0.0
+    assert time.monotonic() - start < 15
+
+
 def test_a_missing_database_or_broken_gold_query_is_an_error_not_a_zero(db, tmp_path):
     with pytest.raises(SpiderError, match="does not exist"):
         score("SELECT 1", "SELECT 1", tmp_path / "missing.sqlite")

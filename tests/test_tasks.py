@@ -227,6 +227,33 @@ def test_real_spider_needs_its_databases_and_says_where_to_put_them(tmp_path):
         utils._with_databases([{"db_id": "concert_singer", "question": "?", "query": "SELECT 1"}], tmp_path)
 
 
+def test_broken_spider_data_is_found_at_load_and_named(tmp_path):
+    """Each found before any generation (they used to surface only at scoring, and the run was lost)."""
+    import shutil
+
+    utils = task_utils("spider")
+    real = TASKS_DIR / "spider" / "database" / "concert_singer" / "concert_singer.sqlite"
+    record = {"db_id": "concert_singer", "question": "How many singers?", "query": "SELECT count(*) FROM singer"}
+
+    def folder(name: str) -> Path:
+        (tmp_path / name / "concert_singer").mkdir(parents=True)
+        return tmp_path / name
+
+    empty = folder("empty")
+    (empty / "concert_singer" / "concert_singer.sqlite").write_bytes(b"")
+    with pytest.raises(SpiderError, match=r"concert_singer\.sqlite has no tables"):
+        utils._with_databases([record], empty)
+    failing = folder("failing")
+    shutil.copy(real, failing / "concert_singer" / "concert_singer.sqlite")
+    with pytest.raises(SpiderError, match=r"the gold query fails on .*concert_singer\.sqlite: .*no such table"):
+        utils._with_databases([{**record, "query": "SELECT count(*) FROM singers"}], failing)
+    extra = folder("extra")
+    shutil.copy(real, extra / "concert_singer" / "concert_singer.sqlite")
+    (extra / "concert_singer" / "concert_singer_2.sqlite").write_bytes(b"not a database at all" * 100)
+    with pytest.raises(SpiderError, match=r"concert_singer_2\.sqlite .*file is not a database"):
+        utils._with_databases([record], extra)
+
+
 def test_a_data_dir_without_the_benchmark_says_what_it_must_hold(tmp_path):
     with pytest.raises(TaskDataError, match=r"squad/validation\.jsonl does not exist.*gpqa/gpqa_diamond\.csv"):
         task_utils("squad").load(data_dir=str(tmp_path))

@@ -21,10 +21,16 @@ start ("SELEC name FROM ... INTERSECT SELECT ...") has none, and a first stateme
 query (``DELETE FROM singer; SELECT ...``) scores 0, as the official verdicts do.
 
 Every prediction is bounded end to end, not only inside SQLite: its text length, the length of
-any string or blob SQLite may build (``SQLITE_LIMIT_LENGTH``: ``zeroblob(1e9)`` fails at once),
-SQLite's page cache (sorts and temporary tables go to disk), the rows and bytes of its result,
-and the wall time of its execution (a progress handler stops runaway queries; the test-suite's
-asyncio timeout cannot interrupt sqlite) and of the column matching. The prediction runs on a
+any string or blob SQLite may build (``SQLITE_LIMIT_LENGTH``, 100 KB: ``zeroblob(1e9)`` fails at
+once; Spider's values are at most a few hundred bytes) and of a LIKE or GLOB pattern
+(``SQLITE_LIMIT_LIKE_PATTERN_LENGTH``, 1,000), SQLite's page cache (sorts and temporary tables go
+to disk), the rows and bytes of its result, and the wall time of its execution and of the column
+matching. SQLite checks for an interrupt only between its virtual machine's steps, so one function
+call (a LIKE, an ``instr``) runs to its end whatever the deadline: the limits bound what one call
+can cost (a LIKE of a 100 KB string against a 1,000-character pattern, an ``instr`` of 100 KB in
+100 KB: well under a second here), and a progress handler and a watchdog thread that interrupts
+the connection stop the query at its deadline between calls (the test-suite's asyncio timeout
+cannot interrupt SQLite). The prediction runs on a
 read-only connection whose authorizer denies everything but reading. Whatever the text, a
 prediction scores 0 or 1 and never raises; a missing database or a gold query that fails
 raises ``SpiderError``: that is a broken task, not a wrong answer.
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -41,7 +48,8 @@ from pathlib import Path
 # Operations a query may perform; everything else (writes, ATTACH, PRAGMA, ...) is denied.
 _ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
 MAX_PREDICTION_CHARS = 100_000  # longer generations are not a query
-MAX_VALUE_BYTES = 1_000_000  # SQLITE_LIMIT_LENGTH: the longest string or blob SQLite may build
+MAX_VALUE_BYTES = 100_000  # SQLITE_LIMIT_LENGTH: the longest string or blob SQLite may build
+MAX_LIKE_PATTERN = 1_000  # SQLITE_LIMIT_LIKE_PATTERN_LENGTH (SQLite's default: 50,000)
 CACHE_KIB = 16 * 1024  # SQLite's page cache per connection
 MAX_ROWS = 100_000
 MAX_RESULT_BYTES = 64 * 2**20
@@ -207,6 +215,7 @@ def _open(db_path: str | Path) -> sqlite3.Connection:
     conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
     conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
     conn.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, MAX_PREDICTION_CHARS)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, MAX_LIKE_PATTERN)
     # a small page cache, and sorts and temporary tables on disk: SQLite's memory stays bounded
     conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
     conn.execute("PRAGMA temp_store=FILE")
@@ -219,6 +228,9 @@ def run_query(conn: sqlite3.Connection, sql: str, timeout_s: float) -> list[tupl
     """Rows of one read-only statement, or QueryRefused (timeout, error, not allowed, too large)."""
     deadline = time.monotonic() + timeout_s
     conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
+    watchdog = threading.Timer(timeout_s, conn.interrupt)  # also stops work between steps that runs no opcodes
+    watchdog.daemon = True
+    watchdog.start()
     rows, size = [], 0
     try:
         cursor = conn.execute(sql)
@@ -232,6 +244,7 @@ def run_query(conn: sqlite3.Connection, sql: str, timeout_s: float) -> list[tupl
     except (ValueError, OverflowError, MemoryError) as exc:  # several statements, values Python cannot hold
         raise QueryRefused(str(exc)) from exc
     finally:
+        watchdog.cancel()
         conn.set_progress_handler(None, 0)
     return rows
 
@@ -287,18 +300,36 @@ def _same_unordered_rows(gold, pred, order_matters: bool) -> bool:
     return g == p if order_matters else set(g) == set(p)
 
 
+def _gold(conn: sqlite3.Connection, gold_sql: str, db_path, timeout_s: float, keep_distinct: bool):
+    """(the gold query as the suite runs it, its rows), or SpiderError naming the database and the query."""
+    gold_query = postprocess(gold_sql)
+    gold_query = gold_query if keep_distinct else remove_distinct(gold_query)
+    try:
+        return gold_query, run_query(conn, gold_query, timeout_s)
+    except QueryRefused as exc:
+        raise SpiderError(f"the gold query fails on {db_path}: {exc}: {gold_sql}") from exc
+
+
+def check_gold_query(gold_sql: str, db_path: str | Path, timeout_s: float = 10.0) -> None:
+    """Run a document's gold query as scoring will, so that broken task data stops a run at load, not after
+    all generation: a missing, empty or corrupt database, or a gold query that fails, raises SpiderError."""
+    try:
+        conn = _open(db_path)
+    except sqlite3.DatabaseError as exc:
+        raise SpiderError(f"the Spider database {db_path} cannot be opened: {exc}") from exc
+    try:
+        _gold(conn, gold_sql, db_path, timeout_s, keep_distinct=False)
+    finally:
+        conn.close()
+
+
 def spider_execution_accuracy(
     prediction: str, gold_sql: str, db_path: str | Path, timeout_s: float = 10.0, keep_distinct: bool = False
 ) -> float:
     """1.0 when the prediction's SQL returns the gold query's result on ``db_path``, else 0.0."""
     conn = _open(db_path)
     try:
-        gold_query = postprocess(gold_sql)
-        gold_query = gold_query if keep_distinct else remove_distinct(gold_query)
-        try:
-            gold = run_query(conn, gold_query, timeout_s)
-        except QueryRefused as exc:
-            raise SpiderError(f"the gold query fails on {db_path}: {exc}: {gold_sql}") from exc
+        gold_query, gold = _gold(conn, gold_sql, db_path, timeout_s, keep_distinct)
         sql = postprocess(extract_sql(prediction))
         if not sql:
             return 0.0

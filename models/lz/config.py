@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from decodebench.kernels.lz import CODELENGTHS, check_lz_sizes
-from decodebench.models.config import MethodConfig, at_least, option
+from decodebench.kernels.lz import CODELENGTHS, MAX_BUFFER, MAX_WINDOW, check_lz_sizes
+from decodebench.models.config import MethodConfig, at_least, between, option
 
 PENALTIES = ("lz", "frequency", "repetition", "none")
 # The strength each penalty gets when none is given: the LZ paper's alpha, the frequency penalty
@@ -25,8 +25,10 @@ class LZConfig(MethodConfig):
         f"or the repetition penalty factor ({DEFAULT_STRENGTH['repetition']}; 1 = off)",
         check=at_least(0),
     )
-    window: int = option(512, "LZ window: how many past tokens the compressor searches", check=at_least(2))
-    buffer: int = option(32, "LZ look-ahead buffer: the longest match, in tokens", check=at_least(1))
+    window: int = option(
+        512, "LZ window: how many past tokens the compressor searches", check=between(2, MAX_WINDOW)
+    )
+    buffer: int = option(32, "LZ look-ahead buffer: the longest match, in tokens", check=between(1, MAX_BUFFER))
     include_prompt: bool = option(False, "let the LZ window see the prompt, not only generated tokens")
     codelength: str = option(
         "authors",

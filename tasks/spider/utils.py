@@ -13,7 +13,7 @@ from pathlib import Path
 
 from decodebench.metrics import spider_execution_accuracy
 from decodebench.metrics.generation import generation_metrics
-from decodebench.metrics.spider import SpiderError
+from decodebench.metrics.spider import SpiderError, check_gold_query
 from decodebench.taskdata import LOCAL_FILES, SPIDER_DATABASES, benchmark_records, read_records, split_of
 
 HERE = Path(__file__).parent
@@ -24,8 +24,12 @@ def schema(db_path: str) -> str:
     conn = sqlite3.connect(f"{Path(db_path).resolve().as_uri()}?mode=ro", uri=True)
     try:
         rows = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND sql IS NOT NULL").fetchall()
+    except sqlite3.DatabaseError as exc:
+        raise SpiderError(f"the Spider database {db_path} cannot be read: {exc}") from exc
     finally:
         conn.close()
+    if not rows:
+        raise SpiderError(f"the Spider database {db_path} has no tables (an empty or truncated file?)")
     return "\n".join(row[0].strip() + ";" for row in rows)
 
 
@@ -38,16 +42,21 @@ def database_files(db_dir: Path, db_id: str) -> list[str]:
 
 
 def _with_databases(records, db_dir: Path):
+    """Each question with its databases and schema; every gold query is run on each of its databases here, as
+    scoring will run it, so that broken data stops the run before any generation."""
     rows = []
     for record in records:
         files = database_files(db_dir, record["db_id"])
+        prompt_schema = schema(files[0])  # first: an empty file is named as such, not by its missing tables
+        for file in files:
+            check_gold_query(record["query"], file)
         rows.append(
             {
                 "db_id": record["db_id"],
                 "question": record["question"],
                 "query": record["query"],
                 "db_paths": files,
-                "schema": schema(files[0]),
+                "schema": prompt_schema,
             }
         )
     return split_of(rows, "validation")
