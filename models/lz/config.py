@@ -25,9 +25,7 @@ class LZConfig(MethodConfig):
         f"or the repetition penalty factor ({DEFAULT_STRENGTH['repetition']}; 1 = off)",
         check=at_least(0),
     )
-    window: int = option(
-        512, "LZ window: how many past tokens the compressor searches", check=between(2, MAX_WINDOW)
-    )
+    window: int = option(512, "LZ window: how many past tokens the compressor searches", check=between(2, MAX_WINDOW))
     buffer: int = option(32, "LZ look-ahead buffer: the longest match, in tokens", check=between(1, MAX_BUFFER))
     include_prompt: bool = option(False, "let the LZ window see the prompt, not only generated tokens")
     codelength: str = option(
