@@ -134,7 +134,11 @@ def _report(args: argparse.Namespace) -> int:
     into --out."""
     from decodebench.reports.leaderboard import write_report
 
-    written, problems = write_report(args.results, args.out)
+    try:
+        written, problems = write_report(args.results, args.out)
+    except OSError as exc:
+        print(f"error: cannot write the leaderboard to --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     for problem in problems:
         print(f"warning: {problem}", file=sys.stderr)
     if not written:

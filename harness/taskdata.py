@@ -38,22 +38,66 @@ HUB_DATASETS = {
     "gpqa": ("Idavidrein/gpqa", "gpqa_diamond", "train"),
 }
 GATED = ("gated", "401", "403", "authenticat", "access")
+# benchmark -> the fields each of its records needs (the hub's schema), checked when a file is read
+FIELDS = {
+    "squad": ("context", "question", "answers.text"),  # a dotted name: a field inside a field
+    "spider": ("db_id", "question", "query"),
+    "cnndm": ("article", "highlights"),
+    "aime": ("Question", "Answer"),
+    "gpqa": ("Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3"),
+}
 
 
 class TaskDataError(RuntimeError):
     """A task's documents cannot be found where the user said they are."""
 
 
-def read_records(path: str | Path) -> list[dict]:
-    """The records of a JSON-lines or CSV file."""
+def read_records(path: str | Path, fields: tuple[str, ...] = ()) -> list[dict]:
+    """The records of a JSON-lines or CSV file, each an object with ``fields``; anything else is a TaskDataError
+    that names the file, the line, and what a record must hold."""
     path = Path(path)
     if not path.is_file():
         raise TaskDataError(f"task data {path} is missing")
-    if path.suffix == ".csv":
-        with open(path, encoding="utf-8", newline="") as handle:
-            return list(csv.DictReader(handle))
-    with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+    expected = f"each record must be an object with the fields {', '.join(map(repr, fields))}" if fields else ""
+    try:
+        if path.suffix == ".csv":
+            with open(path, encoding="utf-8", newline="") as handle:
+                reader = csv.DictReader(handle)
+                missing = [f for f in fields if f not in (reader.fieldnames or [])]
+                if missing:
+                    raise TaskDataError(f"{path}: no column(s) {', '.join(map(repr, missing))}; {expected}")
+                records = [(number, row) for number, row in enumerate(reader, 2)]
+        else:
+            with open(path, encoding="utf-8") as handle:
+                lines = [(number, _json_record(line, path, number, expected)) for number, line in enumerate(handle, 1)]
+            records = [(number, record) for number, record in lines if record is not None]
+    except UnicodeDecodeError as exc:
+        raise TaskDataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if not records:
+        raise TaskDataError(f"{path}: no records" + (f"; {expected}" if expected else ""))
+    for number, record in records:
+        missing = [f for f in fields if _field(record, f) in (None, "", [])]
+        if missing:
+            raise TaskDataError(f"{path}:{number}: the record has no {', '.join(map(repr, missing))}; {expected}")
+    return [record for _, record in records]
+
+
+def _field(record: dict, name: str):
+    for part in name.split("."):
+        record = record.get(part) if isinstance(record, dict) else None
+    return record
+
+
+def _json_record(line: str, path: Path, number: int, expected: str) -> dict | None:
+    if not line.strip():
+        return None
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise TaskDataError(f"{path}:{number}: not valid JSON ({exc.msg}, a cut line?); {expected}") from None
+    if not isinstance(record, dict):
+        raise TaskDataError(f"{path}:{number}: a JSON {type(record).__name__} where an object is expected; {expected}")
+    return record
 
 
 def split_of(records: list[dict], split: str):
@@ -70,9 +114,9 @@ def split_of(records: list[dict], split: str):
     return DatasetDict({split: Dataset.from_list(records)})
 
 
-def bundled_split(path: str | Path, split: str = "test"):
-    """A bundled sample as a one-split ``DatasetDict``."""
-    return split_of(read_records(path), split)
+def bundled_split(path: str | Path, benchmark: str, split: str = "test"):
+    """A bundled sample of ``benchmark`` as a one-split ``DatasetDict``."""
+    return split_of(read_records(path, FIELDS[benchmark]), split)
 
 
 def local_path(benchmark: str, data_dir: str | Path) -> Path:
@@ -112,5 +156,5 @@ def hub_records(benchmark: str) -> list[dict]:
 def benchmark_records(benchmark: str, data_dir: str | Path | None) -> list[dict]:
     """The benchmark's records: from ``data_dir`` when given, else from the hub."""
     if data_dir:
-        return read_records(local_path(benchmark, data_dir))
+        return read_records(local_path(benchmark, data_dir), FIELDS[benchmark])
     return hub_records(benchmark)

@@ -65,7 +65,7 @@ def _html_rows(rows: list[Row], metrics: list[str], primary: str | None) -> list
         energy_title = row.energy_note or "J per output token / per prompt+output token"
         out.append(
             {
-                "label": row.run.label,
+                "label": row.label,
                 "best": best is not None and row.quality == best,
                 "n": _cell(
                     str(row.n) if row.n is not None else "-",

@@ -54,7 +54,7 @@ def _scatter(rows: list[Row], axis: str) -> str | None:
         [xs[i] for i in ordered], [ys[i] for i in ordered], color="#d9480f", marker="o", zorder=3, label="Pareto front"
     )
     for x, y, row in zip(xs, ys, usable, strict=True):
-        ax.annotate(row.run.label[:40], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.annotate(row.label[:40], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     ax.set_xlabel("tokens/s (higher is better)" if axis == "speed" else "J/token (lower is better)")
     ax.set_ylabel(usable[0].task.primary_metric or "quality")
     ax.grid(alpha=0.3)

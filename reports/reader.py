@@ -43,6 +43,7 @@ class TaskResult:
     samples_file: Path | None
     unread: list[str] = field(default_factory=list)  # metrics whose value is not a number
     nonfinite: list[str] = field(default_factory=list)
+    unreadable_samples: str | None = None  # why the samples log could not be read, once tried
 
     @property
     def primary_metric(self) -> str | None:
@@ -53,15 +54,30 @@ class TaskResult:
 
     @cached_property
     def per_document(self) -> dict[str, dict[tuple, float]]:
-        """metric -> {(doc_id, doc_hash): value} from the samples log ({} without one)."""
+        """metric -> {(doc_id, doc_hash): value} from the samples log ({} without one, or when it is unreadable:
+        ``unreadable_samples`` then says why)."""
         if self.samples_file is None:
             return {}
         values: dict[str, dict[tuple, float]] = {}
         seen_filter = None
-        for line in self.samples_file.read_text().splitlines():
+        try:
+            lines = self.samples_file.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            self.unreadable_samples = f"{self.samples_file.name} cannot be read ({exc}): no intervals"
+            return {}
+        for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
-            sample = json.loads(line)
+            try:
+                sample = json.loads(line)
+            except json.JSONDecodeError as exc:
+                self.unreadable_samples = (
+                    f"{self.samples_file.name}:{number} is not valid JSON ({exc.msg}; a cut file?): no intervals "
+                    "or paired tests for this task"
+                )
+                return {}
+            if not isinstance(sample, dict):
+                continue
             seen_filter = seen_filter or sample.get("filter")
             if sample.get("filter") != seen_filter:
                 continue
@@ -80,6 +96,7 @@ class Run:
     method: str
     method_args: dict[str, Any]
     method_label: str | None
+    model_args: dict[str, Any]  # lm-eval's --model_args of the run, as recorded
     pretrained: str
     backend: str | None
     machine: dict[str, Any] | None
@@ -93,7 +110,7 @@ class Run:
 
     @property
     def label(self) -> str:
-        args = ", ".join(f"{k}={_printable(v)}" for k, v in self.method_args.items())
+        args = ", ".join(f"{k}={printable(v)}" for k, v in self.method_args.items())
         backend = f" [{self.backend}]" if self.backend and self.backend != "hf" else ""
         return f"{self.method}{backend}" + (f" ({args})" if args else "")
 
@@ -102,7 +119,7 @@ class Run:
         return self.machine is not None
 
 
-def _printable(value: Any) -> str:
+def printable(value: Any) -> str:
     """``str(value)`` with control characters escaped, so that split=\\n\\n keeps a table row on one line."""
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in str(value))
 
@@ -125,6 +142,18 @@ def find_result_files(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
         else:
             problems.append(f"{path}: no such file or folder")
     return files, problems
+
+
+def _finite(value: Any, where: str, found: list[str]) -> Any:
+    """``value`` with every non-finite number replaced by None, its place noted in ``found``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        found.append(where)
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v, f"{where}.{k}" if where else str(k), found) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v, f"{where}[{i}]", found) for i, v in enumerate(value)]
+    return value
 
 
 def _task_result(path: Path, data: dict, name: str, scores: dict, measurement: dict | None) -> TaskResult:
@@ -180,8 +209,11 @@ def read_run(path: Path) -> Run:
     for name, scores in data["results"].items():
         if name in groups:
             continue
-        task = _task_result(path, data, name, scores, measurements.get(name))
+        nonfinite: list[str] = []
+        task = _task_result(path, data, name, scores, _finite(measurements.get(name), "", nonfinite))
         tasks[name] = task
+        if nonfinite:
+            problems.append(f"{name}: non-finite measurement(s) {', '.join(nonfinite[:5])}, shown as missing")
         if info and name not in measurements:
             problems.append(f"{name}: no decodebench measurement (the run may have been cut short)")
         if task.nonfinite:
@@ -203,6 +235,7 @@ def read_run(path: Path) -> Run:
         method=info.get("method", str(config.get("model", "?"))),
         method_args=info.get("method_args", {}),
         method_label=info.get("method_label"),
+        model_args=model_args,
         pretrained=str(info.get("pretrained") or model_args.get("pretrained") or data.get("model_name") or "?"),
         backend=info.get("backend"),
         machine=info.get("machine"),

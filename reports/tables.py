@@ -29,7 +29,7 @@ from typing import Any
 
 from decodebench.measure.machine import short_name
 from decodebench.metrics.kinds import is_binary_metric
-from decodebench.reports.reader import TOKEN_WEIGHTED, Run, TaskResult
+from decodebench.reports.reader import TOKEN_WEIGHTED, Run, TaskResult, printable
 from decodebench.stats import APPROXIMATE_BELOW, paired_comparison, quality_interval
 
 SIGNIFICANCE = 0.05
@@ -60,6 +60,10 @@ class Row:
     speed_note: str | None
     energy_note: str | None
     notes: list[str] = field(default_factory=list)
+    label: str = ""  # the run's label, made unique within its task (distinguish_labels)
+
+    def __post_init__(self):
+        self.label = self.label or self.run.label
 
     @property
     def measurement(self) -> dict[str, Any]:
@@ -95,14 +99,20 @@ class Row:
     def method_summary(self) -> str:
         """The columns the method chose for its statistics (``method_columns`` in the results)."""
         columns = self.measurement.get("method_columns") or {}
-        parts = [f"{name} {_number(value, 2 if abs(value) >= 1 else 3)}" for name, value in columns.items()]
+        if not isinstance(columns, dict):
+            return "-"
+        parts = []
+        for name, value in columns.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                value = _number(float(value), 2 if abs(value) >= 1 else 3)
+            parts.append(f"{name} {'-' if value is None else printable(value)}")
         return ", ".join(parts) or "-"
 
     def as_dict(self) -> dict[str, Any]:
         m = self.measurement
         return {
             "task": self.task.name,
-            "run": self.run.label,
+            "run": self.label,
             "method": self.run.method,
             "method_args": self.run.method_args,
             "model": self.run.pretrained,
@@ -191,6 +201,7 @@ def metric_cells(task: TaskResult, baseline_task: TaskResult | None) -> tuple[di
     cells, notes = {}, []
     documents = task.per_document
     base_documents = baseline_task.per_document if baseline_task else {}
+    notes += [t.unreadable_samples for t in (task, baseline_task) if t is not None and t.unreadable_samples]
     for metric, value in task.metrics.items():
         cell = MetricCell(value)
         values = documents.get(metric)
@@ -250,8 +261,29 @@ def build_rows(runs: list[Run]) -> dict[str, list[Row]]:
                 )
             )
     for rows in by_task.values():
-        rows.sort(key=lambda row: (row.quality is None, -(row.quality or 0), row.run.label))
+        distinguish_labels(rows)
+        rows.sort(key=lambda row: (row.quality is None, -(row.quality or 0), row.label))
     return by_task
+
+
+def distinguish_labels(rows: list[Row]) -> None:
+    """Rows of one task whose runs read alike (same method and arguments) get what tells them apart: the model
+    arguments, batch size and settings in which they differ, else their results file."""
+    groups: dict[str, list[Row]] = {}
+    for row in rows:
+        groups.setdefault(row.run.label, []).append(row)
+    for label, same in groups.items():
+        if len(same) < 2:
+            continue
+        facts = [
+            {**{k: str(v) for k, v in row.run.model_args.items()}, "batch_size": str(row.run.batch_size)}
+            | {k: str(v) for k, v in row.run.settings.items() if v is not None}
+            for row in same
+        ]
+        differing = sorted({k for f in facts for k in f if any(g.get(k) != f.get(k) for g in facts)})
+        for row, fact in zip(same, facts, strict=True):
+            detail = ", ".join(f"{k}={printable(fact.get(k, '-'))}" for k in differing) or row.run.path.name
+            row.label = f"{label} [{detail}]"
 
 
 def _energy_note(run: Run, task: TaskResult) -> str | None:
@@ -403,7 +435,7 @@ def markdown(by_task: dict[str, list[Row]], runs: list[Run], problems: list[str]
             if delta == "-" and row.baseline_note:
                 delta = "no matching baseline"
             cells = [
-                row.run.label,
+                row.label,
                 n_text(row),
                 *(interval_text(row.metrics[m]) if m in row.metrics else "-" for m in metrics),
                 delta,

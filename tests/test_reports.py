@@ -294,6 +294,67 @@ def test_partial_runs_and_bad_files_are_reported_not_hidden(tmp_path):
     assert "cnndm_mini: no decodebench measurement" in (tmp_path / "board" / "leaderboard.md").read_text()
 
 
+def test_a_truncated_samples_log_costs_only_its_own_intervals(tmp_path):
+    results_file(tmp_path / "baseline", "baseline", {"squad_mini": (BASE, 100, 10.0)})
+    results_file(tmp_path / "lz", "lz", {"squad_mini": (BETTER, 100, 10.0)}, args={"penalty": "lz"})
+    (samples,) = (tmp_path / "lz").glob("samples_*.jsonl")
+    samples.write_text(samples.read_text()[:-25])  # the last line cut in its middle
+    written, _ = write_report([tmp_path], tmp_path / "board")
+    assert len(written) == 4
+    data = json.loads((tmp_path / "board" / "leaderboard.json").read_text())
+    lz = next(r for r in data["tasks"]["squad_mini"] if r["method"] == "lz")
+    assert lz["metrics"]["normalized_accuracy"]["interval"] is None and lz["metrics"]["normalized_accuracy"]["value"]
+    assert any(f"{samples.name}:40 is not valid JSON" in note for note in lz["notes"])
+
+
+def test_odd_method_columns_and_non_finite_measurements_are_shown_as_missing(tmp_path):
+    path = results_file(tmp_path / "baseline", "baseline", {"squad_mini": (BASE, 100, 10.0)})
+    data = json.loads(path.read_text())
+    stats = data["config"]["decodebench"]["tasks"]["squad_mini"]
+    stats["method_columns"] = {"selector": "delimiter", "nuggets": None, "ratio": 10}
+    stats["tokens_per_second"] = float("nan")
+    stats["tokens_per_second_interval"] = [float("-inf"), float("inf")]
+    stats["peak_memory_bytes"] = float("nan")
+    path.write_text(json.dumps(data))
+    write_report([tmp_path], tmp_path / "board")
+    markdown = (tmp_path / "board" / "leaderboard.md").read_text()
+    row = next(line for line in markdown.splitlines() if line.startswith("| baseline |"))
+    assert "selector delimiter, nuggets -, ratio 10.00" in row
+    for shown in ("nan", "inf", "nanx", "nan MiB"):
+        assert shown not in row.lower()
+    assert "non-finite measurement(s) tokens_per_second" in markdown
+
+
+def test_an_output_folder_that_cannot_be_made_is_a_clear_error(outputs, tmp_path):
+    import subprocess
+    import sys
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    for out in (blocker, blocker / "below"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "decodebench.cli", "report", str(outputs), "--out", str(out)],
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == 2 and "error: cannot write the leaderboard to --out" in proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+def test_runs_that_read_alike_get_labels_that_tell_them_apart(tmp_path):
+    results_file(tmp_path / "baseline", "baseline", {"squad_mini": (BASE, 100, 10.0)})
+    for name, pretrained in (("a", "/m/tiny"), ("b", "/m/tiny-bf16")):
+        results_file(tmp_path / name, "lz", {"squad_mini": (BETTER, 100, 10.0)}, args={"penalty": "lz"})
+        path = next((tmp_path / name).glob("results_*.json"))
+        data = json.loads(path.read_text())
+        data["config"]["model_args"] = {"pretrained": "/m/tiny", "dtype": pretrained.rsplit("-", 1)[-1]}
+        path.write_text(json.dumps(data))
+    write_report([tmp_path], tmp_path / "board")
+    rows = json.loads((tmp_path / "board" / "leaderboard.json").read_text())["tasks"]["squad_mini"]
+    labels = [r["run"] for r in rows if r["method"] == "lz"]
+    assert len(set(labels)) == 2 and all(label.startswith("lz (penalty=lz) [dtype=") for label in labels)
+
+
 def test_empty_folders_and_different_models(tmp_path):
     (tmp_path / "empty").mkdir()
     written, problems = write_report([tmp_path / "empty"], tmp_path / "board")

@@ -15,7 +15,7 @@ import pytest
 from decodebench.metrics import SpiderError, rouge
 from decodebench.metrics.rouge import sentences_per_line
 from decodebench.paths import TASKS_DIR
-from decodebench.taskdata import TaskDataError
+from decodebench.taskdata import FIELDS, TaskDataError
 
 PACK = Path(os.environ.get("DECODEBENCH_DATA_PACK", Path(__file__).resolve().parents[2] / "shared" / "data"))
 GPQA_COLUMNS = ["Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3"]
@@ -252,6 +252,46 @@ def test_broken_spider_data_is_found_at_load_and_named(tmp_path):
     (extra / "concert_singer" / "concert_singer_2.sqlite").write_bytes(b"not a database at all" * 100)
     with pytest.raises(SpiderError, match=r"concert_singer_2\.sqlite .*file is not a database"):
         utils._with_databases([record], extra)
+
+
+@pytest.mark.parametrize(
+    ("benchmark", "content", "message"),
+    [
+        ("squad", b'{"context": "c", "question": "q", "answers": {"text": ["a"]}}\n{"context": "cu', r":2: not valid"),
+        ("squad", b'{"context": "caf\xe9"}\n', r"not UTF-8 text"),
+        ("squad", b"", r"no records; each record must be an object with the fields 'context'"),
+        ("squad", b'{"context": "c", "question": "q"}\n', r":1: the record has no 'answers.text'"),
+        ("squad", b'["context", "question"]\n', r":1: a JSON list where an object is expected"),
+        ("cnndm", b'{"article": "a"}\n', r":1: the record has no 'highlights'"),
+        ("aime", b'{"Question": "q"}\n', r":1: the record has no 'Answer'"),
+    ],
+)
+def test_corrupt_local_data_names_the_file_the_line_and_what_a_record_holds(tmp_path, benchmark, content, message):
+    from decodebench.taskdata import LOCAL_FILES
+
+    path = tmp_path / LOCAL_FILES[benchmark]
+    path.parent.mkdir(parents=True)
+    path.write_bytes(content)
+    with pytest.raises(TaskDataError, match=message) as caught:
+        task_utils(benchmark).load(data_dir=str(tmp_path))
+    assert str(path) in str(caught.value)
+
+
+def test_spider_questions_without_their_gold_query_are_refused(tmp_path):
+    from decodebench.taskdata import read_records
+
+    path = tmp_path / "validation.jsonl"
+    path.write_text('{"db_id": "concert_singer", "question": "How many?"}\n')
+    with pytest.raises(TaskDataError, match=r"validation\.jsonl:1: the record has no 'query'"):
+        read_records(path, FIELDS["spider"])
+
+
+def test_a_gpqa_csv_without_its_answer_columns_says_which_are_missing(tmp_path):
+    path = tmp_path / "gpqa" / "gpqa_diamond.csv"
+    path.parent.mkdir(parents=True)
+    path.write_text("Question,Correct Answer\nWhat?,This\n")
+    with pytest.raises(TaskDataError, match=r"gpqa_diamond\.csv: no column\(s\) 'Incorrect Answer 1'"):
+        task_utils("gpqa").load(data_dir=str(tmp_path))
 
 
 def test_a_data_dir_without_the_benchmark_says_what_it_must_hold(tmp_path):

@@ -18,11 +18,11 @@ def load_mini(**kwargs):
     """AIME 2024 and 2025, each in its own hub schema, read into the aime task's fields."""
     problems = [
         {"ID": r["ID"], "Question": r["Problem"], "Answer": str(r["Answer"])}
-        for r in read_records(HERE / "aime_2024.jsonl")
+        for r in read_records(HERE / "aime_2024.jsonl", ("ID", "Problem", "Answer"))
     ]
     problems += [
         {"ID": f"2025-{r['id']}", "Question": r["problem"], "Answer": str(r["answer"])}
-        for r in read_records(HERE / "aime_2025.jsonl")
+        for r in read_records(HERE / "aime_2025.jsonl", ("id", "problem", "answer"))
     ]
     return split_of(problems, "test")
 

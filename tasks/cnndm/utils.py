@@ -12,7 +12,7 @@ def load(data_dir=None, **kwargs):
 
 
 def load_mini(**kwargs):
-    return bundled_split(Path(__file__).with_name("cnndm_mini.jsonl"))
+    return bundled_split(Path(__file__).with_name("cnndm_mini.jsonl"), "cnndm")
 
 
 def process_results(doc, results):

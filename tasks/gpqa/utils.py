@@ -4,7 +4,7 @@ import re
 from pathlib import Path
 
 from decodebench.metrics.generation import generation_metrics
-from decodebench.taskdata import benchmark_records, read_records, split_of
+from decodebench.taskdata import FIELDS, benchmark_records, read_records, split_of
 
 LETTERS = "ABCD"
 _ANSWER_IS = re.compile(r"answer is:?\s*\(?\s*([ABCD])\b", re.IGNORECASE)
@@ -35,7 +35,7 @@ def _dataset(records):
 
 
 def load_mini(**kwargs):
-    return _dataset(read_records(Path(__file__).with_name("gpqa_mini.jsonl")))
+    return _dataset(read_records(Path(__file__).with_name("gpqa_mini.jsonl"), FIELDS["gpqa"]))
 
 
 def load(data_dir=None, **kwargs):

@@ -14,7 +14,7 @@ from pathlib import Path
 from decodebench.metrics import spider_execution_accuracy
 from decodebench.metrics.generation import generation_metrics
 from decodebench.metrics.spider import SpiderError, check_gold_query
-from decodebench.taskdata import LOCAL_FILES, SPIDER_DATABASES, benchmark_records, read_records, split_of
+from decodebench.taskdata import FIELDS, LOCAL_FILES, SPIDER_DATABASES, benchmark_records, read_records, split_of
 
 HERE = Path(__file__).parent
 
@@ -63,7 +63,7 @@ def _with_databases(records, db_dir: Path):
 
 
 def load_mini(**kwargs):
-    return _with_databases(read_records(HERE / "spider_mini.jsonl"), HERE / "database")
+    return _with_databases(read_records(HERE / "spider_mini.jsonl", FIELDS["spider"]), HERE / "database")
 
 
 def load(data_dir=None, **kwargs):

@@ -12,7 +12,7 @@ def load(data_dir=None, **kwargs):
 
 
 def load_mini(**kwargs):
-    return bundled_split(Path(__file__).with_name("squad_mini.jsonl"), split="validation")
+    return bundled_split(Path(__file__).with_name("squad_mini.jsonl"), "squad", split="validation")
 
 
 def process_results(doc, results):
