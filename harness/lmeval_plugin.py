@@ -15,8 +15,10 @@ Each hook is a generator with one ``yield``, run around the execution of one lm-
 - ``attach_sample_measurements`` (after ``lm_eval.evaluator``): per-request measurements
   (tokens, latency, energy, method statistics) are added to each logged sample, so
   ``--log_samples`` files carry them; a decodebench model's ``--gen_kwargs`` are checked
-  before the model loads (a NaN temperature, sampling at temperature 0); and a model with a chat
-  template run without ``--apply_chat_template`` is warned about before generation;
+  before the model loads (a NaN temperature, sampling at temperature 0); a model with a chat
+  template run without ``--apply_chat_template`` is warned about before generation; and a
+  ``--use_cache`` database written by another model, method or set of arguments is refused before
+  it answers anything (lm-eval keys it by request alone);
 - ``readable_model_name`` (after ``lm_eval.loggers.evaluation_tracker``): a decodebench model run
   without ``pretrained`` (the embedded model) writes to ``OUTPUT/embedded/`` instead of a folder
   named by a random id, as for ``pretrained=embedded``;
@@ -132,8 +134,10 @@ def attach_sample_measurements(evaluator_module):
     def wrap(original, signature):
         def evaluate(*args, **kwargs):
             bound = signature.bind(*args, **kwargs)
-            lm = bound.arguments.get("lm")
-            lm = getattr(lm, "lm", lm)  # --use_cache wraps the model in a CachingLM
+            outer = bound.arguments.get("lm")
+            lm = getattr(outer, "lm", outer)  # --use_cache wraps the model in a CachingLM
+            if hasattr(lm, "check_shared_cache") and getattr(outer, "dbdict", None) is not None:
+                lm.check_shared_cache(outer.dbdict, outer.cache_db)
             if hasattr(lm, "warn_if_chat_template_unused"):
                 lm.warn_if_chat_template_unused(bool(bound.arguments.get("apply_chat_template")))
             results = original(*args, **kwargs)

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Where a decodebench run writes who it is into lm-eval's --use_cache database (lm-eval's own keys are sha256 hex)
+CACHE_IDENTITY_KEY = "decodebench:identity"
 # The backends, imported only when asked for (vLLM may not be installed).
 BACKENDS = {
     "hf": "decodebench.models.hf:HFBackend",
@@ -74,6 +76,36 @@ class BackendLM:
                 "an instruct model often answers them with an empty string. Add --apply_chat_template to use it.",
                 getattr(self, "pretrained_name", "the model"),
             )
+
+    def check_shared_cache(self, cache, path: str) -> None:
+        """lm-eval's ``--use_cache`` keys answers by request alone: a cache written by another method, other
+        arguments or another model would answer for this one. The first decodebench run writes who it is into
+        the cache; a run that is someone else is refused before any answer is read."""
+        import json
+
+        identity = json.dumps(
+            {
+                "method": self.method.name,
+                "method_args": self.method.config.as_dict(),
+                "pretrained": getattr(self, "pretrained_name", None),
+                "backend": self.backend_name,
+            },
+            sort_keys=True,
+            default=str,
+        )
+        stored = cache.get(CACHE_IDENTITY_KEY)
+        if stored is None and len(cache):
+            raise ValueError(
+                f"--use_cache {path} already holds {len(cache)} answers of a run that did not say what it was (another "
+                "model, or lm-eval's own); its answers would be taken for this run's. Give each model, method and "
+                "set of arguments its own --use_cache path"
+            )
+        if stored is not None and stored != identity:
+            raise ValueError(
+                f"--use_cache {path} holds the answers of {stored}; this run is {identity}, and lm-eval would answer "
+                "it from them. Give each model, method and set of arguments its own --use_cache path"
+            )
+        cache[CACHE_IDENTITY_KEY] = identity
 
     def init_measurement(self, meter, synchronize=None, memory=None) -> None:
         from decodebench.measure import Recorder

@@ -152,3 +152,9 @@ def test_a_run_resumed_with_use_cache_completes_and_counts_cached_requests_apart
     assert stats["requests"] == 1 and stats["cached_requests"] == 2  # only one request was generated and timed
     samples = read_samples(tmp_path / "second", "squad_mini")
     assert len(samples) == 3 and sum("decodebench" in sample for sample in samples) == 1
+    # another method on the same cache would be answered with the baseline's text: refused before any answer
+    lz = ("--model", "lz", "--model_args", f"pretrained={tiny_checkpoint}", *common[4:])
+    third = run_lm_eval(*lz, "--limit", "3", "--output_path", str(tmp_path / "third"), cwd=tmp_path)
+    assert third.returncode != 0 and f"--use_cache {cache}_rank0.db holds the answers of" in third.stderr
+    assert '"method": "baseline"' in third.stderr and '"method": "lz"' in third.stderr
+    assert results_files(tmp_path / "third") == []
