@@ -104,6 +104,16 @@ def other_model(tensors, metadata):
     metadata["model"] = json.dumps(identity)
 
 
+def other_rank(tensors, metadata):
+    adapters = json.loads(metadata["adapters"])
+    metadata["adapters"] = json.dumps({**adapters, "rank": adapters["rank"] * 2})
+
+
+def unknown_targets(tensors, metadata):
+    adapters = json.loads(metadata["adapters"])
+    metadata["adapters"] = json.dumps({**adapters, "targets": ["q_proj", "qkv_proj"]})
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -113,6 +123,8 @@ def other_model(tensors, metadata):
         (lambda t, m: t.pop("soft_token"), "adapter settings or the soft token missing"),
         (lambda t, m: t.pop("encoder.model.layers.0.self_attn.q_proj.lora_A.weight"), "adapter tensors do not match"),
         (other_model, "was trained for another model"),
+        (other_rank, "but rank 64 adapters on this model need"),
+        (unknown_targets, "its adapters wrap ['qkv_proj'], which this model does not have"),
     ],
 )
 def test_a_checkpoint_that_cannot_be_trusted_is_refused_before_generation(
@@ -123,8 +135,28 @@ def test_a_checkpoint_that_cannot_be_trusted_is_refused_before_generation(
     out, _, _ = trained
     variant = write_variant(out, tmp_path / "variant.safetensors", change)
     with pytest.raises(CheckpointError) as error:
-        Nugget.create({"pretrained": str(tiny_checkpoint), "device": "cpu", "selector": str(variant)})
+        Nugget.create({"pretrained": str(tiny_checkpoint), "device": "cpu", "selector": str(variant), "ratio": 4})
     assert message in str(error.value)
+    if change is other_model:  # two models of the same name and sizes are still told apart in the message
+        trained_for = str(error.value).split("trained for another model (")[1].split("); the model loaded now is ")
+        assert trained_for[0] != trained_for[1].split(". Train one")[0]
+
+
+def test_a_checkpoint_run_at_another_ratio_says_so(trained, tiny_checkpoint, caplog):
+    from decodebench.models.nugget import Nugget
+
+    out, _, _ = trained
+    with caplog.at_level("WARNING"):
+        Nugget.create({"pretrained": str(tiny_checkpoint), "device": "cpu", "selector": str(out), "ratio": 3})
+    assert "was trained at ratio 4 and runs at ratio=3" in caplog.text
+
+
+def test_a_cut_resume_file_is_named(tiny_checkpoint, tmp_path):
+    target = tmp_path / "again.safetensors"
+    resume = target.with_name(target.name + ".resume.pt")
+    resume.write_bytes(b"PK\x03\x04" + b"\x00" * 100)  # the start of a zip, then nothing
+    with pytest.raises(ValueError, match=rf"the resume file {resume} cannot be read"):
+        train(str(tiny_checkpoint), target, SETTINGS, log=lambda message: None, progress=False)
 
 
 def test_garbage_or_pickled_files_are_refused_without_advice_to_load_them_unsafely(tmp_path):

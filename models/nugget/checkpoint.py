@@ -94,21 +94,40 @@ class NuggetCheckpoint:
         """The checkpoint's adapters and soft token, attached to ``model``."""
         from decodebench.models.nugget.compressor import NuggetAdapters
 
-        adapters = NuggetAdapters(model, self.adapters["rank"], self.adapters["alpha"], self.adapters["targets"])
-        expected = set(adapters.state_dict())
+        targets = list(self.adapters["targets"])
+        names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+        unknown = sorted(set(targets) - names)
+        if unknown:
+            raise CheckpointError(
+                f"{self.path}: its adapters wrap {unknown}, which this model does not have (its modules include "
+                f"{sorted(n for n in names if n.endswith('_proj'))[:8]})"
+            )
+        adapters = NuggetAdapters(model, self.adapters["rank"], self.adapters["alpha"], targets)
+        wanted = adapters.state_dict()
         found = {k for k in self.tensors if not k.startswith("scorer.")}
-        if expected != found:
-            missing, extra = sorted(expected - found), sorted(found - expected)
+        if set(wanted) != found:
+            missing, extra = sorted(set(wanted) - found), sorted(found - set(wanted))
             raise CheckpointError(
                 f"{self.path}: adapter tensors do not match this model (missing {missing[:3]}, unexpected {extra[:3]})"
             )
+        for key, value in wanted.items():
+            if tuple(self.tensors[key].shape) != tuple(value.shape):
+                raise CheckpointError(
+                    f"{self.path}: {key} has shape {tuple(self.tensors[key].shape)}, but rank {self.adapters['rank']} "
+                    f"adapters on this model need {tuple(value.shape)} (a checkpoint of another rank or model)"
+                )
         adapters.load_state_dict({k: v for k, v in self.tensors.items() if not k.startswith("scorer.")})
         return adapters
 
 
 def _describe(identity: dict) -> str:
+    """Enough to tell two models apart: the name, sizes, vocabulary and the first weights of the embedding probe."""
     name = identity.get("name") or "unnamed"
-    return f"{name}: hidden size {identity.get('hidden_size')}, {identity.get('num_hidden_layers')} layers"
+    probe = ", ".join(f"{v:.4g}" for v in (identity.get("embedding_probe") or [])[:3])
+    return (
+        f"{name}: hidden size {identity.get('hidden_size')}, {identity.get('num_hidden_layers')} layers, "
+        f"vocabulary {identity.get('vocabulary')}, embedding weights [{probe}, ...]"
+    )
 
 
 def save_checkpoint(

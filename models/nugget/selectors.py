@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 from typing import ClassVar
 
 import torch
 
 from decodebench.kernels.nugget import delimiter_scores, position_scores
 from decodebench.models.nugget.config import NuggetConfig
+
+log = logging.getLogger(__name__)
 
 
 class Selector:
@@ -112,6 +115,15 @@ class TrainedNugget(Selector):
         if config.adapters and not self.checkpoint.has_adapters:
             raise CheckpointError(
                 f"{config.selector} holds a scorer only (no LoRA adapters); run it with adapters=false"
+            )
+        if config.ratio != self.checkpoint.ratio:
+            log.warning(
+                "%s was trained at ratio %g and runs at ratio=%g: the paper trains one compressor per ratio, so this "
+                "is not its method as trained (train one with `decodebench train-nugget --ratio %g`)",
+                config.selector,
+                self.checkpoint.ratio,
+                config.ratio,
+                config.ratio,
             )
 
     @property

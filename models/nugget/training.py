@@ -309,8 +309,14 @@ def _save_resume(path: Path, step: int, scorer, adapters, optimizer, schedule, r
 
 
 def _resume(path: Path, settings, scorer, adapters, optimizer, schedule, rng, record) -> int:
-    state = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain values only
-    saved = json.loads(state["record"])
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain values only
+        saved = json.loads(state["record"])
+    except Exception as exc:  # a cut or foreign file: torch says only what failed inside it
+        raise ValueError(
+            f"the resume file {path} cannot be read ({type(exc).__name__}: {str(exc)[:200]}); it is cut or not one "
+            "of train-nugget's: delete it to start over, or give another --out"
+        ) from None
     if saved["settings"] != asdict(settings):
         changed = {k: (v, asdict(settings)[k]) for k, v in saved["settings"].items() if asdict(settings).get(k) != v}
         raise ValueError(
