@@ -4,6 +4,7 @@ decodebench prepare-model          materialize the embedded model once and print
 decodebench demo                   the main job: every method on the mini tasks, then a report
 decodebench report RESULTS...      leaderboards from lm_eval outputs
 decodebench compare --model M ...  a method against the baseline in interleaved rounds
+decodebench serve                  `vllm serve` with decodebench's plugins, for backend=served
 decodebench methods                the methods of `lm_eval --model` and their arguments
 decodebench build-index CORPUS     an infini-gram index with a model's tokenizer
 decodebench train-nugget           train the nugget selector
@@ -169,6 +170,16 @@ def _compare(args: argparse.Namespace) -> int:
     )
 
 
+def _serve(args: argparse.Namespace) -> int:
+    """Starts `vllm serve` for a model (the embedded one by default) with decodebench's vLLM plugins, passes every
+    other argument to it unchanged, waits until it answers, prints the base_url and the lm_eval line that measures
+    it (backend=served), and stops it cleanly on Ctrl-C. On vLLM's CPU build it sizes the KV cache from the model
+    unless --kv-cache-memory-bytes or --gpu-memory-utilization is given."""
+    from decodebench.serve import run_serve
+
+    return run_serve(args.model, args.host, args.port, args.vllm_args)
+
+
 def _methods(args: argparse.Namespace) -> int:
     """Every registered method (decodebench's own and those of installed packages), its backends, and the
     --model_args it takes."""
@@ -230,7 +241,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = command("demo", _demo, "the main job: run the baseline and each method through lm_eval on the mini tasks")
     demo.add_argument("--out", default="results", help="output folder (default: results)")
-    demo.add_argument("--limit", type=int, default=4, help="documents per task (default 4; 0 for all)")
+    from decodebench.demo import DEFAULT_LIMIT, MAX_GEN_TOKS
+
+    demo.add_argument(
+        "--limit",
+        type=int,
+        default=DEFAULT_LIMIT,
+        help=f"documents per task (default {DEFAULT_LIMIT}, each answer up to {MAX_GEN_TOKS} tokens; 0 for all)",
+    )
     demo.add_argument(
         "--methods",
         default=None,
@@ -306,6 +324,14 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--batch-size", default="1", help="lm_eval --batch_size for both (default 1)")
     compare.add_argument("--gen-kwargs", default=None, help="lm_eval --gen_kwargs for both")
 
+    from decodebench.serve import DEFAULT_PORT
+
+    serve = command("serve", _serve, "start `vllm serve` with decodebench's plugins and print the lm_eval line")
+    serve.add_argument("--model", default=None, help="a local path or hub id (default: the embedded model)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    serve.set_defaults(vllm_args=[])  # every other argument goes to `vllm serve` unchanged (see main)
+
     listing = command(
         "methods", _methods, "list the methods of `lm_eval --model` with their arguments, types, defaults and checks"
     )
@@ -316,7 +342,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and args.command != "serve":  # only `serve` passes arguments on (to `vllm serve`)
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.vllm_args = [arg for arg in unknown if arg != "--"]
     return args.func(args)
 
 

@@ -87,6 +87,20 @@ def damage(path: Path, checksums: bool = False) -> str | None:
             return f"{name} has {file.stat().st_size} bytes, {expected['bytes']} when it was written"
         if checksums and sha256_file(file) != expected["sha256"]:
             return f"{name} is not the file that was written (sha256 differs)"
+        if file.suffix == ".safetensors" and (problem := _safetensors_problem(file)):
+            return f"{name} cannot be read as safetensors ({problem})"
+    return None
+
+
+def _safetensors_problem(file: Path) -> str | None:
+    """What is wrong with a safetensors file's header (read alone: milliseconds), or None."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(file), framework="np") as handle:
+            handle.keys()
+    except (SafetensorError, OSError, ValueError) as exc:
+        return str(exc)
     return None
 
 

@@ -25,6 +25,7 @@ CACHE_IDENTITY_KEY = "decodebench:identity"
 BACKENDS = {
     "hf": "decodebench.models.hf:HFBackend",
     "vllm": "decodebench.models.vllm:VLLMBackend",
+    "served": "decodebench.models.served:ServedBackend",
 }
 
 
@@ -65,6 +66,11 @@ class BackendLM:
     def accepted_args(cls) -> Sequence[str]:
         """Model arguments the backend itself accepts."""
         return ()
+
+    @classmethod
+    def check_backend_args(cls, args: dict[str, Any]) -> None:
+        """Raise a ValueError naming any of the backend's own arguments whose value it cannot take (none by default:
+        the library checks its own)."""
 
     def warn_if_chat_template_unused(self, applied: bool) -> None:
         """Said before generation: a chat model prompted without its template often answers nothing at all

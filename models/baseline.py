@@ -14,4 +14,4 @@ from decodebench.models.method import Method
 class Baseline(Method):
     name = "baseline"
     label = "plain decoding (reference for speed ratios)"
-    backends = ("hf", "vllm")
+    backends = ("hf", "vllm", "served")

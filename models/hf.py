@@ -77,6 +77,16 @@ class FirstTokenClock(BaseStreamer):
         pass
 
 
+def check_finite_weights(model: torch.nn.Module, name: str) -> None:
+    """NaN or infinite weights make every generation garbage (often empty) while the run looks normal: refused."""
+    bad = [key for key, parameter in model.named_parameters() if not torch.isfinite(parameter).all()]
+    if bad:
+        raise ValueError(
+            f"pretrained={name}: {len(bad)} weight tensor(s) hold NaN or infinite values ({', '.join(bad[:3])}); "
+            "every generation would be garbage. The checkpoint is damaged, or was saved in a dtype that overflowed"
+        )
+
+
 class HFBackend(BackendLM, HFLM):
     backend_name = "hf"
 
@@ -85,8 +95,15 @@ class HFBackend(BackendLM, HFLM):
         pretrained, self.uses_embedded_model = resolve_pretrained(pretrained)
         # HFLM's own `backend` argument (causal/seq2seq) is not ours: every method here is for
         # decoder-only models.
-        super().__init__(pretrained=pretrained, backend="causal", **backend_kwargs)
+        from safetensors import SafetensorError
+
+        try:
+            super().__init__(pretrained=pretrained, backend="causal", **backend_kwargs)
+        except SafetensorError as exc:  # safetensors names no file
+            hint = "`decodebench prepare-model` rebuilds it" if self.uses_embedded_model else "replace the file"
+            raise ValueError(f"pretrained={pretrained}: a weights file cannot be read ({exc}); {hint}") from None
         self.pretrained_name = pretrained if isinstance(pretrained, str) else type(pretrained).__name__
+        check_finite_weights(self._model, self.pretrained_name)
         device = self.device if isinstance(self.device, torch.device) else torch.device(self.device)
         on_cuda = device.type == "cuda"
         self.init_measurement(

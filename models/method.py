@@ -123,6 +123,7 @@ class Method:
                 f"  Backend: backend ({', '.join(cls.backends)}).\n"
                 f"  {backend} arguments: {', '.join(sorted(allowed))}."
             )
+        backend_class.check_backend_args(rest)
         return config, backend_class, rest
 
     @classmethod

@@ -18,6 +18,9 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import math
+import os
+import typing
 from typing import Any
 
 from lm_eval.models.utils import maybe_truncate, postprocess_generated_text
@@ -43,7 +46,21 @@ class VLLMBackend(BackendLM, VLLM):
         processors = method.vllm_logits_processors()
         if processors:
             backend_kwargs["logits_processors"] = [*backend_kwargs.get("logits_processors", []), *processors]
-        super().__init__(pretrained=pretrained, **backend_kwargs)
+        from vllm.platforms import current_platform
+
+        sized = {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(backend_kwargs)
+        if current_platform.is_cpu() and not sized and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+            length = backend_kwargs.get("max_model_len")
+            backend_kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(pretrained, length)
+        try:
+            super().__init__(pretrained=pretrained, **backend_kwargs)
+        except ValueError as exc:
+            if "memory" in str(exc).lower():  # vLLM's own words, plus which argument of ours changes it
+                raise ValueError(
+                    f"{exc}\nWith --model_args: lower max_model_len, or set kv_cache_memory_bytes=N (bytes) or "
+                    "gpu_memory_utilization=F (on the CPU build: the share of the node's memory to reserve)"
+                ) from None
+            raise
         self.pretrained_name = pretrained
         # the engine core and its workers are other processes: this one's memory says nothing of theirs
         self.init_measurement(self._open_meter(), memory=NoMemory("vLLM's engine runs in its own processes"))
@@ -55,6 +72,18 @@ class VLLMBackend(BackendLM, VLLM):
         named = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
         engine = {field.name for field in dataclasses.fields(EngineArgs)}
         return sorted((named | engine | {"device"}) - {"self", "backend", "model"})
+
+    @classmethod
+    def check_backend_args(cls, args: dict[str, Any]) -> None:
+        """vLLM's engine arguments of a plain type (int, float, bool, a fixed choice), checked by name before the
+        engine starts (vLLM itself fails deep inside, naming no argument: ``max_model_len=abc``)."""
+        fields = {field.name: field for field in dataclasses.fields(EngineArgs)}
+        for name, value in args.items():
+            field = fields.get(name)
+            expected = _engine_kind(field.type) if field else None
+            if expected is not None and value is not None and not _fits(value, expected):
+                allowed = expected if isinstance(expected, str) else f"one of {list(expected)}"
+                raise ValueError(f"{name}={value!r}: vLLM's engine argument {name} takes {allowed}")
 
     def _open_meter(self):
         from vllm.platforms import current_platform
@@ -119,6 +148,62 @@ class VLLMBackend(BackendLM, VLLM):
         info = super().get_model_info() if hasattr(super(), "get_model_info") else {}
         info["decodebench"] = self.decodebench_info(self.pretrained_name, self.uses_embedded_model, "vllm")
         return info
+
+
+# KV cache of the CPU build when nothing says how much: room for this many sequences of max_model_len tokens,
+# at most this share of the memory available, at least one sequence
+CPU_KV_SEQUENCES = 16
+CPU_KV_SHARE = 0.25
+
+
+def cpu_kv_cache_bytes(model: str, max_model_len: int | None = None) -> int:
+    """What vLLM's CPU build reserves for the KV cache by default here, sized from the model's config.
+
+    vLLM reads ``gpu_memory_utilization`` (0.9 by default, lm-eval's too) as the share of the whole NUMA node's
+    memory to reserve on the CPU, which fails at start on a machine whose node is partly used (every machine of
+    this project); an explicit size (``kv_cache_memory_bytes``) is what its CPU worker takes instead.
+    """
+    import psutil
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model)
+    text = getattr(config, "text_config", config)
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    per_token = 2 * text.num_hidden_layers * kv_heads * head_dim * 4  # keys and values, up to 4 bytes each
+    length = int(max_model_len or getattr(text, "max_position_embeddings", 4096))
+    available = psutil.virtual_memory().available
+    wanted = min(per_token * length * CPU_KV_SEQUENCES, int(available * CPU_KV_SHARE))
+    if wanted < per_token * length:
+        raise ValueError(
+            f"one sequence of max_model_len={length} needs {per_token * length / 2**30:.1f} GiB of KV cache, more than "
+            f"{CPU_KV_SHARE:.0%} of the {available / 2**30:.1f} GiB available: lower max_model_len, or give "
+            "kv_cache_memory_bytes"
+        )
+    return wanted
+
+
+def _engine_kind(annotation) -> str | tuple | None:
+    """'an integer', 'a number', 'true or false', a tuple of allowed values, or None (not checked here)."""
+    text = str(annotation).replace("<class '", "").replace("'>", "").removesuffix(" | None")
+    if typing.get_origin(annotation) is typing.Literal:
+        return typing.get_args(annotation)
+    return {"int": "an integer", "float": "a number", "bool": "true or false"}.get(text)
+
+
+def _fits(value, expected) -> bool:
+    if isinstance(expected, tuple):
+        return value in expected
+    if expected == "true or false":
+        return isinstance(value, bool) or str(value).lower() in ("true", "false")
+    if isinstance(value, bool):
+        return False
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return False
+    return math.isfinite(number) and (expected != "an integer" or number == int(number))
 
 
 def _finish_reason(completion) -> str:

@@ -48,7 +48,8 @@ NOT_RECOMPUTABLE_BANNER = "> **Not recomputable from the repository:**"
 
 def data_dir(doc: str | Path) -> Path:
     """``docs/benchmarks/lz.md`` -> ``docs/data/benchmarks/lz``: where the page's data lives."""
-    return DATA / Path(doc).resolve().relative_to(DOCS).with_suffix("")
+    doc = Path(doc) if Path(doc).is_absolute() else REPO / doc
+    return DATA / doc.resolve().relative_to(DOCS).with_suffix("")
 
 
 def save_json(folder: Path, name: str, value) -> Path:

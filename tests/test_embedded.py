@@ -46,7 +46,10 @@ from pathlib import Path
 from decodebench import embedded
 
 def materialize(source, out):
-    (out / "model.safetensors").write_bytes(b"weights" * 1000)
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    save_file({"weights": np.arange(875, dtype=np.float64)}, str(out / "model.safetensors"))
     time.sleep(float(sys.argv[2]))
     embedded.write_marker(out)
 
@@ -85,20 +88,24 @@ def test_a_damaged_checkpoint_is_named_by_info_and_rebuilt(tmp_path):
     assert built.returncode == 0, explain(built)
     target = embedded.checkpoint_dir(tmp_path / "home")
     weights = target / "model.safetensors"
+    original = weights.read_bytes()
+    size = len(original)
     with open(weights, "r+b") as handle:  # truncated, as a full disk or a killed copy leaves it
-        handle.truncate(weights.stat().st_size // 2)
-    assert embedded.damage(target) == "model.safetensors has 3500 bytes, 7000 when it was written"
+        handle.truncate(size // 2)
+    assert embedded.damage(target) == f"model.safetensors has {size // 2} bytes, {size} when it was written"
     info = run_command([console_script("decodebench"), "info"], cwd=tmp_path, DECODEBENCH_HOME=str(tmp_path / "home"))
     assert (
-        "damaged: model.safetensors has 3500 bytes" in info.stdout
+        f"damaged: model.safetensors has {size // 2} bytes" in info.stdout
         and "`decodebench prepare-model` rebuilds it" in info.stdout
     )
-    weights.write_bytes(b"altered" * 1000)  # same size, other bytes: only the checksum tells
+    weights.write_bytes(original[:-8] + b"altered!")  # same size, other weights: only the checksum tells
     assert embedded.damage(target) is None and "sha256 differs" in embedded.damage(target, checksums=True)
+    weights.write_bytes(b"\xff" * 8 + original[8:])  # same size, a header that cannot be read: found at every use
+    assert embedded.damage(target).startswith("model.safetensors cannot be read as safetensors")
     # what `decodebench prepare-model` does: verify the checksums, and rebuild
     rebuilt = run_command([sys.executable, "-c", SLOW_MATERIALIZE, str(source), "0", "--checksums"], cwd=tmp_path)
     assert rebuilt.returncode == 0, explain(rebuilt)
-    assert embedded.damage(target, checksums=True) is None and weights.read_bytes() == b"weights" * 1000
+    assert embedded.damage(target, checksums=True) is None and weights.read_bytes() == original
 
 
 def test_missing_wheel_says_how_to_install_it(monkeypatch):

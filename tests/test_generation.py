@@ -109,3 +109,30 @@ def test_gen_kwargs_from_the_command_line_are_checked_before_the_model_loads(tmp
     assert "--gen_kwargs: do_sample=true with temperature=0 samples nothing" in proc.stderr, explain(proc)
     assert "no such path" not in proc.stderr
     assert results_files(out) == []
+
+
+@pytest.mark.model
+def test_weights_that_are_not_finite_or_cannot_be_read_are_refused_at_load(tiny_checkpoint, tmp_path):
+    """NaN weights gave rc 0 and empty generations recorded as a normal run; a bad header, a bare SafetensorError."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from decodebench.models.baseline import Baseline
+
+    nan = tmp_path / "nan"
+    shutil.copytree(tiny_checkpoint, nan)
+    tensors = load_file(str(nan / "model.safetensors"))
+    name = next(k for k in tensors if k.endswith("mlp.up_proj.weight"))
+    tensors[name][0, 0] = float("nan")
+    save_file(tensors, str(nan / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=rf"1 weight tensor\(s\) hold NaN or infinite values \({name}\)"):
+        Baseline.create({"pretrained": str(nan), "device": "cpu"})
+    header = tmp_path / "header"
+    shutil.copytree(tiny_checkpoint, header)
+    weights = header / "model.safetensors"
+    weights.write_bytes(b"\xff" * 8 + weights.read_bytes()[8:])
+    with pytest.raises(ValueError, match=rf"pretrained={header}: a weights file cannot be read"):
+        Baseline.create({"pretrained": str(header), "device": "cpu"})
+    assert torch.isfinite(load_file(str(tiny_checkpoint / "model.safetensors"))[name]).all()

@@ -223,7 +223,14 @@ def test_every_result_records_the_index_that_produced_agreement(small_index, mon
         scores = generation.generation_metrics("one two three")
         described = scores["infinigram_reference"]
         assert described["path"] == str(index.info.path) and described["checksum"] == index.info.checksum
+        assert described["scored_tokens"] == scores["infinigram_agreement"][1] > 0
         assert generation.reference_of([described]) == described
+        # a task whose every generation is empty: its agreement is null, and the reference says why
+        empty = generation.generation_metrics("")
+        assert empty["infinigram_agreement"][:2] == [0, 0]
+        assert generation.agreement([empty["infinigram_agreement"]]) is None
+        reason = generation.reference_of([empty["infinigram_reference"]] * 3)
+        assert reason["scored_tokens"] == 0 and "no tokens to score" in reason["agreement"]
         monkeypatch.setenv(generation.INDEX_ENV, "none")
         generation.reset_reference()
         off = generation.generation_metrics("one two three")

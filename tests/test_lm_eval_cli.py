@@ -133,6 +133,37 @@ def test_a_chat_model_run_without_its_template_is_warned_about_before_generation
     assert proc.stderr.index(warning) < proc.stderr.index("generate_until"), "the warning comes before generation"
 
 
+def test_ctrl_c_in_the_main_job_reports_the_runs_that_finished(embedded_checkpoint, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from conftest import offline_env
+
+    out = tmp_path / "results"
+    command = [console_script("decodebench"), "demo", "--out", str(out), "--limit", "1", "--tasks", "squad_mini"]
+    proc = subprocess.Popen(
+        [*command, "--methods", "baseline,lz"],
+        cwd=tmp_path,
+        env=offline_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's Ctrl-C reaches it
+    )
+    seen = ""
+    deadline = time.monotonic() + 600
+    while "[2/2] lz:" not in seen and time.monotonic() < deadline:
+        seen += proc.stdout.readline()
+    time.sleep(3)  # lz's lm_eval is starting
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 130, stdout[-2000:] + stderr[-3000:]
+    assert "interrupted: 1 of 2 runs finished" in stdout and "Traceback" not in stdout
+    assert (out / "leaderboard" / "leaderboard.md").is_file() and "| squad_mini | baseline |" in stdout
+
+
 def test_results_of_the_embedded_model_land_under_a_readable_name(baseline_run):
     out, _ = baseline_run
     (results,) = results_files(out)

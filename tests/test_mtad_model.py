@@ -196,6 +196,23 @@ def test_a_self_draft_deeper_than_the_target_is_refused(mtad):
         mtad(draft="self:2")
 
 
+@pytest.mark.parametrize(
+    ("draft", "message"),
+    [
+        ("self:999", r"draft=self:999: k must be an integer from 1 to 1 \(the target has 2 layers\)"),
+        ("infinigram:/nonexistent", "draft=infinigram:/nonexistent: no infini-gram index folder at /nonexistent"),
+        ("/no/such/draft", "draft=/no/such/draft: no such path"),
+    ],
+)
+def test_a_draft_that_cannot_work_is_refused_before_the_model_loads(tiny_checkpoint, draft, message, monkeypatch):
+    from decodebench.models.hf import HFBackend
+    from decodebench.models.mtad import MTAD
+
+    monkeypatch.setattr(HFBackend, "__init__", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(ValueError, match=message):
+        MTAD.create({"pretrained": str(tiny_checkpoint), "device": "cpu", "draft": draft})
+
+
 @pytest.mark.slow
 def test_lm_eval_reports_block_efficiency_and_perplexity(tiny_checkpoint, tmp_path):
     out = tmp_path / "out"

@@ -115,6 +115,11 @@ def test_vllm_serve_switches_the_lz_penalty_on_per_request(embedded_checkpoint, 
         assert len(ids) >= 30 and len(set(ids)) >= len(ids) - 1
         status, error = complete(vllm_xargs={"lz_penalty": -1})
         assert status == 400 and "strength=-1" in json.dumps(error)
+        # a window and buffer that would cost seconds and gigabytes per step: refused, naming the argument
+        status, error = complete(vllm_xargs={"lz_penalty": 0.1, "lz_window": 1e8, "lz_buffer": 1e7})
+        assert status == 400 and "window=100000000: must be in [2, 4096]" in json.dumps(error)
+        status, still = complete(vllm_xargs=authors)  # and the engine goes on serving
+        assert status == 200 and len(still["choices"][0]["token_ids"]) >= 30
     finally:
         server.terminate()
         server.wait(timeout=60)

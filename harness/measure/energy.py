@@ -214,6 +214,63 @@ def visible_cuda_to_nvml(cuda_ordinals: list[int], nvml=None) -> list[int]:
         nvml.nvmlShutdown()
 
 
+# DCGM's total-energy field, in millijoules since the driver loaded, one series per GPU
+DCGM_ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
+
+
+class DcgmExporterMeter:
+    """The GPUs of another machine, through its DCGM exporter's ``/metrics`` page (summed over every GPU).
+
+    The exporter refreshes its fields on its own schedule (``-c``, 30 s by default): windows shorter
+    than ``resolution_s`` are left unmetered, like NVML's."""
+
+    source = "dcgm-exporter"
+    reason = None
+
+    def __init__(self, url: str, resolution_s: float = 30.0):
+        from decodebench.measure.prometheus import scrape
+
+        self._url, self._scrape = url, scrape
+        self.resolution_s = resolution_s
+        values = scrape(url)
+        series = [name for name in values if name.startswith(DCGM_ENERGY + "{")]
+        if DCGM_ENERGY not in values:
+            raise OSError(f"{url} has no {DCGM_ENERGY} (is it a DCGM exporter, with that field enabled?)")
+        self.devices = series or [url]
+        self._start = values[DCGM_ENERGY]
+
+    @property
+    def available(self) -> bool:
+        return True
+
+    def read(self) -> float:
+        return (self._scrape(self._url)[DCGM_ENERGY] - self._start) / 1000
+
+    def close(self) -> None:
+        pass
+
+
+def open_served_meter(base_url: str, energy_url: str | None) -> EnergyMeter:
+    """The meter of a served model's GPUs: its DCGM exporter when ``energy_url`` is given, NVML over every GPU
+    of this machine when the server runs here, else unavailable with the reason. Never raises."""
+    from urllib.parse import urlparse
+
+    if energy_url:
+        try:
+            return DcgmExporterMeter(energy_url)
+        except Exception as exc:
+            return UnavailableMeter(f"energy_url={energy_url} cannot be read: {exc}")
+    host = urlparse(base_url).hostname or ""
+    if host not in ("localhost", "127.0.0.1", "::1", "0.0.0.0"):
+        return UnavailableMeter(
+            f"the server at {host} is not on this machine: give energy_url=<its DCGM exporter's /metrics URL>"
+        )
+    try:
+        return NvmlMeter(None)  # every GPU of this machine: the server's are among them
+    except Exception as exc:
+        return UnavailableMeter(f"the server runs on this machine, and no GPU energy counter is readable ({exc})")
+
+
 def open_meter(
     device_type: str,
     cuda_ordinals: list[int] | None = None,

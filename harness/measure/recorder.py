@@ -10,9 +10,14 @@ Definitions (the README's "Measurements" section shows them to users):
 - ``new_tokens``: tokens the model produced for the request, up to and including the token
   that ended it (EOS or the one completing a stop sequence); tokens generated past a stop only
   because other rows of the batch were still running are not counted.
-- ``latency_s``: wall time of the window the request ran in (requests of one batch share it);
+- ``latency_s``: wall time of the window the request ran in (requests of one batch share it), or the
+  request's own where the backend sees it (a served request: sent to its last streamed chunk);
   ``ttft_s``: time to the first new token; ``tpot_s``: time per output token after the first,
-  ``(latency - ttft) / (new_tokens - 1)``. A task reports their p50, p90 and p99 over requests.
+  ``(latency - ttft) / (new_tokens - 1)``; ``inter_token_s`` (served requests): the gap between
+  streamed chunks divided by the tokens each carries. A task reports their p50, p90 and p99 over
+  requests (ITL over every interval).
+- ``server`` (served runs): what the server's own counters did over the task (speculative decoding,
+  prefix cache, the peak of its running and waiting requests).
 - ``tokens_per_second`` of a task: its new tokens over the summed wall time of its windows, with
   a 95% bootstrap interval over windows (one request each at batch size 1).
 - ``peak_memory_bytes``: the largest window peak of the task (decodebench.measure.memory).
@@ -63,6 +68,7 @@ class RequestRecord:
     method_stats: dict[str, Any] = field(default_factory=dict)
     repetition: dict[str, Any] | None = None
     decoding: dict[str, Any] | None = None  # decodebench.models.decoding.decoding_record
+    inter_token_s: list[float] | None = None  # per generated token after the first (served requests)
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -94,6 +100,7 @@ class Window:
     peak_memory_bytes: int | None = None
     ttft_s: float | None = None
     decoding: dict[str, Any] | None = None  # how it decoded (decodebench.models.decoding.decoding_record)
+    server: dict[str, Any] | None = None  # a served model's counters over the window
     records: list[RequestRecord] = field(default_factory=list)
 
     def record(
@@ -108,6 +115,8 @@ class Window:
         method_stats: dict[str, Any] | None = None,
         text: str | None = None,
         decoding: dict[str, Any] | None = None,
+        latency_s: float | None = None,
+        inter_token_s: list[float] | None = None,
     ) -> RequestRecord:
         if finish_reason not in FINISH_REASONS:
             raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {finish_reason!r}")
@@ -118,12 +127,13 @@ class Window:
             prompt_tokens=int(prompt_tokens),
             new_tokens=int(new_tokens),
             finish_reason=finish_reason,
-            latency_s=self.wall_s,
+            latency_s=self.wall_s if latency_s is None else latency_s,
             batch_size=batch_size,
             ttft_s=ttft_s if ttft_s is not None else self.ttft_s,
             method_stats=dict(method_stats or {}),
             repetition=find_degenerate_repetition(text).as_dict() if text is not None else None,
             decoding=decoding if decoding is not None else self.decoding,
+            inter_token_s=inter_token_s,
         )
         self.records.append(rec)
         self._attribute_energy()
@@ -219,6 +229,7 @@ class Recorder:
             "latency_s": percentiles([r.latency_s for r in records]),
             "ttft_s": percentiles([r.ttft_s for r in records if r.ttft_s is not None]),
             "tpot_s": percentiles([r.tpot_s for r in records if r.tpot_s is not None]),
+            "itl_s": percentiles([gap for r in records for gap in (r.inter_token_s or [])]),
             "mean_latency_s": _mean(r.latency_s for r in records),
             "mean_ttft_s": _mean(r.ttft_s for r in records if r.ttft_s is not None),
             "finish_reasons": finish,
@@ -230,6 +241,7 @@ class Recorder:
             ),
             "memory_source": self.memory.source,
             **self._energy(windows),
+            "server": _merge_server(w.server for w in windows if w.server is not None),
             "method": method_stats,
             # what a leaderboard shows of the method's statistics, chosen by the method itself
             "method_columns": self._summary_columns(method_stats),
@@ -317,6 +329,23 @@ def sum_numeric_stats(records: list[RequestRecord]) -> dict[str, Any]:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 totals[key] += value
     return dict(totals)
+
+
+def _merge_server(counters: Iterable[dict]) -> dict[str, Any] | None:
+    """A task's server counters over its windows: counters added up, peaks and ratios taken over all."""
+    merged: dict[str, Any] = {}
+    for window in counters:
+        for name, value in window.items():
+            if not isinstance(value, (int, float)):
+                merged.setdefault(name, value)
+            elif name.startswith("peak "):
+                merged[name] = max(merged.get(name, value), value)
+            elif name != "mean_acceptance_length":
+                merged[name] = merged.get(name, 0) + value
+    drafts = merged.get("vllm:spec_decode_num_drafts_total")
+    if drafts:
+        merged["mean_acceptance_length"] = 1 + merged.get("vllm:spec_decode_num_accepted_tokens_total", 0) / drafts
+    return merged or None
 
 
 def _distinct(items: Iterable[dict]) -> list[dict]:

@@ -89,7 +89,7 @@ def generation_metrics(text: str) -> dict:
         "degenerate_repetition": float(degenerate_repetition(text)),
         "infinigram_agreement": agreement,
         "infinigram_agreement_by_n": agreement,  # the same counts, aggregated per effective n
-        "infinigram_reference": reference.description,
+        "infinigram_reference": {**reference.description, "scored_tokens": agreement[1] if agreement else 0},
     }
 
 
@@ -116,5 +116,13 @@ def agreement_by_effective_n(items: list) -> dict[str, float] | None:
 
 
 def reference_of(items: list) -> dict:
-    """The index every sample of the task was scored against (the same one for all)."""
-    return items[-1] if items else {"unavailable": "no samples"}
+    """The index every sample of the task was scored against (the same one for all), how many generated tokens
+    it scored, and, when that is none, why the task's agreement is null."""
+    if not items:
+        return {"unavailable": "no samples"}
+    described = {k: v for k, v in items[-1].items() if k != "scored_tokens"}
+    scored = sum(item.get("scored_tokens", 0) for item in items)
+    described["scored_tokens"] = scored
+    if scored == 0 and "unavailable" not in described:
+        described["agreement"] = "null: the task's generations hold no tokens to score (every one is empty)"
+    return described

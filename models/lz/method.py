@@ -25,7 +25,7 @@ class LZ(Method):
     name = "lz"
     label = "repetition penalty: LZ penalty (Ginart et al.) or a standard one"
     Config = LZConfig
-    backends = ("hf", "vllm")
+    backends = ("hf", "vllm", "served")
     config: LZConfig
 
     # -- transformers ---------------------------------------------------------------------------

@@ -203,6 +203,39 @@ class InfinigramDrafter:
         return Draft(tokens, [0.0] * len(tokens))
 
 
+def check_draft(spec: str, pretrained) -> None:
+    """What can be known of ``draft=spec`` before the target loads; raises ValueError naming what is wrong."""
+    from pathlib import Path
+
+    if spec.startswith("self:"):
+        from transformers import AutoConfig
+
+        from decodebench.models.backend import resolve_pretrained
+
+        target, _ = resolve_pretrained(pretrained)
+        if not isinstance(target, str):
+            return
+        try:
+            layers = AutoConfig.from_pretrained(target).num_hidden_layers
+        except (OSError, ValueError, AttributeError):
+            return  # the target's own loading says what is wrong with it
+        k = int(spec.removeprefix("self:"))
+        if not 1 <= k < layers:
+            raise ValueError(
+                f"draft={spec}: k must be an integer from 1 to {layers - 1} (the target has {layers} layers)"
+            )
+    elif spec.startswith("infinigram:"):
+        location = spec.partition(":")[2]
+        if not Path(location).expanduser().is_dir():
+            raise ValueError(
+                f"draft={spec}: no infini-gram index folder at {location} (`decodebench build-index` makes one)"
+            )
+    elif spec.startswith(("/", ".", "~")) and not Path(spec).expanduser().exists():
+        raise ValueError(
+            f"draft={spec}: no such path; a draft is self:<k>, context, infinigram[:<index>], or a model id or path"
+        )
+
+
 def build_drafter(spec: str, lm, beams: int):
     """The drafter that ``draft=spec`` names, for the target model of ``lm``.
 

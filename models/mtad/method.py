@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import torch
 
 from decodebench.models.mtad.config import MTADConfig
-from decodebench.models.mtad.drafts import Draft, build_drafter
+from decodebench.models.mtad.drafts import Draft, build_drafter, check_draft
 from decodebench.models.mtad.modes import MODES
 from decodebench.models.rows import RowDecodingMethod, RowStop, Sampler, choose
 
@@ -43,6 +43,14 @@ class MTAD(RowDecodingMethod):
     config: MTADConfig
     # Appendix F's warping when a sampling task sets no top-k/top-p of its own
     sampling_defaults: ClassVar[dict[str, Any]] = {"top_k": 20, "top_p": 0.9}
+
+    @classmethod
+    def check_args(cls, model_args: dict[str, Any]):
+        """Also the draft against the target, before anything loads: ``self:<k>`` needs k below the target's layer
+        count (read from its config file alone), an infini-gram index or a draft model path must exist."""
+        config, backend_class, rest = super().check_args(model_args)
+        check_draft(config.draft, rest.get("pretrained"))
+        return config, backend_class, rest
 
     @classmethod
     def demo_model_args(cls) -> dict[str, Any]:

@@ -1,0 +1,46 @@
+"""Reading a Prometheus ``/metrics`` page (vLLM's server, a DCGM exporter) into plain numbers.
+
+``scrape(url)`` returns ``{name: total}`` with the samples of each metric summed over their labels
+(every GPU, every model), and ``{name{label=value}: value}`` for the labelled samples too, so that a
+caller can take a total or one series. Counters are read before and after a measurement window and
+differenced (``deltas``); gauges are read as they are.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from collections import defaultdict
+
+
+class ScrapeError(RuntimeError):
+    """A metrics page that cannot be fetched or read; the message names the URL."""
+
+
+def scrape(url: str, timeout_s: float = 5.0) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            text = response.read().decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise ScrapeError(f"cannot read the metrics at {url}: {exc}") from None
+    values: dict[str, float] = defaultdict(float)
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                values[sample.name] += sample.value
+                if sample.labels:
+                    labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+                    values[f"{sample.name}{{{labels}}}"] = sample.value
+    except ValueError as exc:
+        raise ScrapeError(f"{url} is not a Prometheus metrics page: {exc}") from None
+    return dict(values)
+
+
+def deltas(before: dict[str, float], after: dict[str, float], prefixes: tuple[str, ...]) -> dict[str, float]:
+    """How much each counter whose name starts with one of ``prefixes`` grew between two scrapes."""
+    return {
+        name: after[name] - before.get(name, 0.0)
+        for name in sorted(after)
+        if name.startswith(prefixes) and "{" not in name and name.endswith("_total")
+    }

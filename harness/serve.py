@@ -1,0 +1,99 @@
+"""``decodebench serve``: ``vllm serve`` for a model (the embedded one by default), with decodebench's vLLM plugins.
+
+Installing decodebench registers its vLLM plugins (the LZ penalty's logits processor, ...) through vLLM's entry
+points, so the server loads them by itself; this command only starts it with what this machine needs (on vLLM's
+CPU build an explicit KV cache size, since vLLM would reserve 90% of the memory node), passes every other
+argument to ``vllm serve`` unchanged (``--port``, ``--speculative-config``, ``--tensor-parallel-size``, ...),
+waits until it answers, prints the ``base_url`` and the ``lm_eval`` line to measure it with, and stops it
+cleanly on Ctrl-C. For a cluster, point ``base_url`` at an existing vLLM deployment instead (tensor or pipeline
+parallel on one node, Ray across nodes): only decodebench's vLLM plugin needs to be installed there.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+DEFAULT_PORT = 8000
+STARTUP_TIMEOUT_S = 900
+
+
+def vllm_command(model: str, host: str, port: int, vllm_args: list[str]) -> list[str]:
+    """``vllm serve`` with this environment's console script (decodebench's start-up hook makes it work with the
+    CPU wheel), the model, where to listen, and on the CPU build a KV cache size unless one is given."""
+    script = Path(sys.executable).with_name("vllm")
+    command = [str(script), "serve", model, "--host", host, "--port", str(port), *vllm_args]
+    sizing = ("--kv-cache-memory-bytes", "--gpu-memory-utilization")
+    if _on_cpu() and not any(arg.split("=")[0] in sizing for arg in vllm_args):
+        from decodebench.models.vllm import cpu_kv_cache_bytes
+
+        length = _flag_value(vllm_args, "--max-model-len")
+        command += ["--kv-cache-memory-bytes", str(cpu_kv_cache_bytes(model, int(length) if length else None))]
+    return command
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def wait_until_ready(base: str, server: subprocess.Popen, timeout_s: float = STARTUP_TIMEOUT_S) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=2) as health:
+                if health.status == 200:
+                    return True
+        except OSError:
+            time.sleep(1)
+    return False
+
+
+def run_serve(model: str | None, host: str, port: int, vllm_args: list[str]) -> int:
+    from decodebench.models.backend import resolve_pretrained
+
+    target, embedded = resolve_pretrained(model)
+    command = vllm_command(str(target), host, port, vllm_args)
+    print("starting: " + " ".join(command), flush=True)
+    server = subprocess.Popen(command)
+    shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    base = f"http://{shown_host}:{port}"
+    try:
+        if not wait_until_ready(base, server):
+            print(f"error: vllm serve did not start (exit code {server.poll()}); its output is above", file=sys.stderr)
+            return 1
+        pretrained = "pretrained=embedded," if embedded else ""
+        print(
+            f"\nserving {target} at base_url={base}/v1 (metrics: {base}/metrics); measure it with\n"
+            f"  lm_eval --model baseline --model_args backend=served,{pretrained}base_url={base}/v1,num_concurrent=8 "
+            "--tasks squad_mini --apply_chat_template --output_path results/ --log_samples\n"
+            "Ctrl-C stops the server.",
+            flush=True,
+        )
+        return server.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if server.poll() is None:
+            server.send_signal(signal.SIGINT)  # vLLM shuts its engine down cleanly on SIGINT
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()

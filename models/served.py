@@ -1,0 +1,335 @@
+"""The served backend: any OpenAI-compatible server (``vllm serve``, ``decodebench serve``), measured from outside.
+
+``lm_eval --model lz --model_args backend=served,base_url=http://127.0.0.1:8000/v1,num_concurrent=8`` builds
+prompts exactly as lm-eval's ``local-completions`` model does (its ``LocalCompletionsAPI``: the same chat
+templates, token-id prompts, stop sequences and payload), sends each request on its own, streamed, with at most
+``num_concurrent`` in flight, and measures every request as ``vllm bench serve`` defines it:
+
+- TTFT: from sending the request to the first chunk that carries generated text;
+- ITL: the gap between two streamed chunks divided by the tokens the later one carries (speculative decoding
+  sends several per chunk; the server's cumulative ``usage`` on every chunk says how many);
+- TPOT: (latency - TTFT) / (output tokens - 1); latency: sending to the last chunk;
+- output and prompt tokens: the server's ``usage``, not re-tokenized.
+
+A task's tokens/s is its output tokens over the wall time of the whole task at that concurrency (throughput).
+Around each task the server's Prometheus ``/metrics`` are read: counter deltas (speculative decoding's drafts and
+accepted tokens, prefix-cache queries and hits) and the peak of its running and waiting requests. Energy: the
+DCGM exporter at ``energy_url``, else NVML over every GPU when the server runs on this machine, else unavailable
+with the reason. The backend knows no method: a method says what its requests carry (``vllm_sampling_kwargs``:
+``extra_args`` travel as ``vllm_xargs``, penalties as themselves).
+
+Faults end the run with what happened (unreachable server, a request the server refuses, a server that stops
+answering, a request past ``timeout``); answers already received stay in lm-eval's ``--use_cache``, so a rerun
+asks only for the rest, and no results file is written for a failed run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import json
+import logging
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+from lm_eval.models.openai_completions import LocalCompletionsAPI
+from tqdm import tqdm
+
+from decodebench.measure.energy import open_served_meter
+from decodebench.measure.memory import NoMemory
+from decodebench.models import backend
+from decodebench.models.backend import BackendLM, resolve_pretrained
+from decodebench.models.decoding import decoding_record
+from decodebench.models.method import Method
+
+log = logging.getLogger(__name__)
+
+# counters of vLLM's /metrics whose growth over a task is recorded (speculative decoding, prefix cache)
+COUNTER_PREFIXES = ("vllm:spec_decode", "vllm:prefix_cache")
+GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+DRAFTS, ACCEPTED = "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total"
+
+
+class ServedError(RuntimeError):
+    """What went wrong between decodebench and the server; the message says what, and what to do."""
+
+
+@dataclass
+class Streamed:
+    """One request, as it came back."""
+
+    text: str = ""
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    finish_reason: str = "length"
+    ttft_s: float | None = None
+    latency_s: float = 0.0
+    inter_token_s: list[float] = field(default_factory=list)
+
+
+def server_root(base_url: str) -> str:
+    """``http://host:port`` of a base_url given as ``.../v1`` or ``.../v1/completions``."""
+    parsed = urlparse(base_url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ValueError(f"base_url={base_url!r}: expected http://HOST:PORT/v1")
+    return f"{parsed.scheme}://{parsed.netloc}"
+
+
+def served_models(root: str, timeout_s: float = 10.0) -> list[dict]:
+    """The server's ``/v1/models``, or a ServedError that says it cannot be reached."""
+    try:
+        with urllib.request.urlopen(f"{root}/v1/models", timeout=timeout_s) as response:
+            return json.loads(response.read())["data"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise ServedError(
+            f"cannot reach an OpenAI-compatible server at {root} ({exc}); start one with `decodebench serve`, or "
+            "check base_url"
+        ) from None
+
+
+class ServedBackend(BackendLM, LocalCompletionsAPI):
+    backend_name = "served"
+
+    def __init__(
+        self,
+        method: Method,
+        base_url: str | None = None,
+        pretrained: Any = None,
+        model: str | None = None,
+        tokenizer: str | None = None,
+        num_concurrent: int = 1,
+        energy_url: str | None = None,
+        timeout: int = 600,
+        max_length: int | None = None,
+        **kwargs,
+    ):
+        self.method = method
+        if not base_url:
+            raise ValueError(
+                "backend=served needs base_url=http://HOST:PORT/v1, an OpenAI-compatible server such as `vllm "
+                "serve` (`decodebench serve` starts one)"
+            )
+        self.server = server_root(base_url)
+        models = served_models(self.server)
+        ids = [card["id"] for card in models]
+        if model is None and len(ids) != 1:
+            raise ValueError(f"the server at {self.server} serves {ids}: say which with model=<id>")
+        model = model or ids[0]
+        if model not in ids:
+            raise ValueError(f"model={model!r} is not served at {self.server}; it serves {ids}")
+        card = next(c for c in models if c["id"] == model)
+        # the tokenizer that builds prompts here: the one given, else `pretrained` (the embedded model's by
+        # default, which `decodebench serve` serves), else the served model's own id (a hub id or a local path)
+        if tokenizer is None:
+            tokenizer, self.uses_embedded_model = resolve_pretrained(pretrained) if pretrained else (model, False)
+        else:
+            self.uses_embedded_model = False
+        if int(num_concurrent) < 1:
+            raise ValueError(f"num_concurrent={num_concurrent}: must be at least 1")
+        super().__init__(
+            base_url=f"{self.server}/v1/completions",
+            model=model,
+            tokenizer=str(tokenizer),
+            tokenizer_backend="huggingface",
+            num_concurrent=int(num_concurrent),
+            timeout=int(timeout),
+            max_length=int(max_length or card.get("max_model_len") or 2048),
+            tokenized_requests=True,
+            **kwargs,
+        )
+        self.pretrained_name = model
+        self.init_measurement(
+            open_served_meter(base_url, energy_url), memory=NoMemory("the model runs in the server's processes")
+        )
+        method.setup(self)
+
+    @classmethod
+    def accepted_args(cls):
+        named = set()
+        for klass in (LocalCompletionsAPI, LocalCompletionsAPI.__mro__[1]):
+            params = inspect.signature(klass.__init__).parameters.values()
+            named |= {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+        return sorted((named | {"energy_url"}) - {"self", "tokenizer_backend", "tokenized_requests"})
+
+    # -- lm-eval API ----------------------------------------------------------------------
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        results: list[str | None] = [None] * len(requests)
+        backend.check_requests(requests)
+        pbar = tqdm(total=len(requests), disable=disable_tqdm, desc=f"{self.method.name} (served) generate_until")
+        for task, positions in backend.group_by_task(requests):
+            batch = [requests[i] for i in positions]
+            payloads, decodings = zip(*(self._payload(request) for request in batch), strict=True)
+            before = self._scrape()
+            with self.decodebench_recorder.open(task) as window:
+                peaks: dict[str, float] = {}
+                streamed = asyncio.run(self._send_all(task, batch, list(payloads), peaks, pbar))
+            window.server = self._server_counters(before, self._scrape(), peaks)
+            for position, request, out, decoding in zip(positions, batch, streamed, decodings, strict=True):
+                window.record(
+                    request,
+                    prompt_tokens=out.prompt_tokens,
+                    new_tokens=out.new_tokens,
+                    finish_reason=out.finish_reason,
+                    batch_size=self._concurrent,
+                    ttft_s=out.ttft_s,
+                    latency_s=out.latency_s,
+                    inter_token_s=out.inter_token_s,
+                    text=out.text,
+                    decoding=decoding,
+                )
+                results[position] = out.text
+        pbar.close()
+        return backend.check_complete(results)
+
+    def _payload(self, request) -> tuple[dict, dict]:
+        """The request as lm-eval's local-completions would send it, streamed, carrying what the method adds."""
+        context, gen_kwargs = request.args
+        kwargs = copy.deepcopy(gen_kwargs)
+        if float(kwargs.get("temperature") or 0) > 0:  # sampling: the method's defaults where the task sets none
+            kwargs = {**self.method.sampling_defaults, **kwargs}
+        max_gen_toks = kwargs.get("max_gen_toks", self._max_gen_toks)
+        tokens = self.tok_encode(context, add_special_tokens=self.add_bos_token)
+        tokens = tokens[-(self.max_length - max_gen_toks) :]
+        payload = self._create_payload(
+            self.create_message([tokens]), generate=True, gen_kwargs=kwargs, seed=self._seed, eos=self.eos_string
+        )
+        method = self.method.vllm_sampling_kwargs({})
+        extra = method.pop("extra_args", None)
+        if extra:  # vllm_xargs values are strings or numbers: booleans travel as "true"/"false"
+            extra = {k: str(v).lower() if isinstance(v, bool) else v for k, v in extra.items()}
+            payload["vllm_xargs"] = {**payload.get("vllm_xargs", {}), **extra}
+        payload.update(method)
+        payload.update(stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True})
+        temperature = float(payload.get("temperature") or 0)
+        decoding = decoding_record(temperature > 0, temperature, payload.get("top_k"), payload.get("top_p"))
+        return payload, decoding
+
+    async def _send_all(self, task: str, batch: list, payloads: list[dict], peaks: dict, pbar) -> list[Streamed]:
+        import aiohttp
+
+        semaphore = asyncio.Semaphore(self._concurrent)
+        done = 0
+        timeout = aiohttp.ClientTimeout(total=self.timeout)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            watcher = asyncio.create_task(self._watch_gauges(session, peaks))
+
+            async def one(request, payload) -> Streamed:
+                nonlocal done
+                async with semaphore:
+                    out = await self._send(session, payload)
+                done += 1
+                self.cache_hook.add_partial("generate_until", request.args, out.text)  # kept if a later one fails
+                pbar.update(1)
+                return out
+
+            try:
+                return await asyncio.gather(*(one(r, p) for r, p in zip(batch, payloads, strict=True)))
+            except ServedError as exc:
+                raise ServedError(f"task {task}: {exc} ({done} of {len(batch)} requests had been answered)") from None
+            finally:
+                watcher.cancel()
+
+    async def _send(self, session, payload: dict) -> Streamed:
+        """One streamed request, retried on connection errors (not on a refusal); the server's own message on error."""
+        import aiohttp
+
+        last = None
+        for attempt in range(self.max_retries):
+            try:
+                return await self._stream(session, payload)
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+                last = f"the server at {self.server} stopped answering ({type(exc).__name__}: {exc})"
+            except TimeoutError:
+                raise ServedError(
+                    f"a request took more than timeout={self.timeout} s; raise --model_args timeout=... or lower "
+                    "the load (num_concurrent)"
+                ) from None
+            await asyncio.sleep(min(10, 0.5 * 2**attempt))
+        raise ServedError(f"{last}, after {self.max_retries} attempts")
+
+    async def _stream(self, session, payload: dict) -> Streamed:
+        out = Streamed()
+        started = last = time.perf_counter()
+        async with session.post(self.base_url, json=payload, headers=self.header) as response:
+            if response.status >= 400:
+                message = (await response.text())[:1000]
+                if response.status < 500:
+                    raise ServedError(f"the server refused a request (HTTP {response.status}): {message}")
+                raise OSError(f"HTTP {response.status}: {message}")
+            text_parts, tokens = [], 0
+            async for raw in response.content:
+                line = raw.decode("utf-8", errors="replace").strip()
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[5:])
+                now = time.perf_counter()
+                usage = chunk.get("usage") or {}
+                for choice in chunk.get("choices") or []:
+                    text_parts.append(choice.get("text") or "")
+                    if choice.get("finish_reason"):
+                        out.finish_reason = _finish_reason(choice)
+                grown = int(usage.get("completion_tokens", tokens)) - tokens
+                if grown > 0:
+                    if out.ttft_s is None:
+                        out.ttft_s = now - started
+                    else:  # the gap since the previous chunk, shared by the tokens this chunk carries
+                        out.inter_token_s += [(now - last) / grown] * grown
+                    tokens += grown
+                    last = now
+                if usage:
+                    out.prompt_tokens = int(usage.get("prompt_tokens", out.prompt_tokens))
+        out.latency_s = time.perf_counter() - started
+        out.text, out.new_tokens = "".join(text_parts), tokens
+        return out
+
+    # -- the server's own counters ------------------------------------------------------------
+    def _scrape(self) -> dict[str, float] | None:
+        from decodebench.measure.prometheus import ScrapeError, scrape
+
+        try:
+            return scrape(f"{self.server}/metrics")
+        except ScrapeError as exc:
+            log.warning("server counters unavailable: %s", exc)
+            return None
+
+    async def _watch_gauges(self, session, peaks: dict) -> None:
+        """The peak of the server's running and waiting requests while the task runs (read once a second)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        while True:
+            try:
+                async with session.get(f"{self.server}/metrics") as response:
+                    text = await response.text()
+                for family in text_string_to_metric_families(text):
+                    for sample in family.samples:
+                        if sample.name in GAUGES:
+                            peaks[sample.name] = max(peaks.get(sample.name, 0.0), sample.value)
+            except Exception:  # a missed reading costs nothing but the reading
+                pass
+            await asyncio.sleep(1.0)
+
+    @staticmethod
+    def _server_counters(before, after, peaks: dict) -> dict[str, Any]:
+        from decodebench.measure.prometheus import deltas
+
+        if before is None or after is None:
+            return {"unavailable": "the server's /metrics could not be read"}
+        counters: dict[str, Any] = deltas(before, after, COUNTER_PREFIXES)
+        counters.update({f"peak {name}": value for name, value in peaks.items()})
+        if counters.get(DRAFTS):
+            counters["mean_acceptance_length"] = 1 + counters.get(ACCEPTED, 0.0) / counters[DRAFTS]
+        return counters
+
+    def get_model_info(self) -> dict:
+        return {"decodebench": self.decodebench_info(self.pretrained_name, self.uses_embedded_model, self.server)}
+
+
+def _finish_reason(choice: dict) -> str:
+    """OpenAI's finish_reason, with vLLM's stop_reason: None for EOS, the stop string (or token) otherwise."""
+    if choice.get("finish_reason") == "length":
+        return "length"
+    return "eos" if choice.get("stop_reason") is None else "stop"

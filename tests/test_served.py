@@ -1,0 +1,224 @@
+"""The served backend against a real `vllm serve` (vLLM's CPU build) over loopback, started by `decodebench serve`.
+
+One plain server is shared by the module; a second one, with n-gram speculative decoding, shows chunks that carry
+several tokens and is killed mid-run at the end.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+from conftest import console_script, explain, offline_env, read_results, read_samples, results_files, run_lm_eval
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.model]
+
+if importlib.util.find_spec("vllm") is None and not os.environ.get("DECODEBENCH_REQUIRE_VLLM"):
+    pytest.skip("vLLM is not installed (run `tox -e vllm`)", allow_module_level=True)
+
+SERVER_ARGS = ("--max-model-len", "1024", "--enforce-eager", "--seed", "0")
+LIMIT = "8"
+SHORT = ("--gen_kwargs", "max_gen_toks=24")
+# the in-process engine of the same settings, for answers to compare with
+ENGINE_ARGS = "max_model_len=1024,enforce_eager=True,seed=0"
+IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Server:
+    def __init__(self, tmp_path, *extra: str):
+        self.port = _free_port()
+        self.log_path = tmp_path / f"server-{self.port}.log"
+        self.log = open(self.log_path, "w")  # noqa: SIM115 (written until the server stops)
+        command = [console_script("decodebench"), "serve", "--port", str(self.port), *SERVER_ARGS, *extra]
+        self.process = subprocess.Popen(command, env=offline_env(), stdout=self.log, stderr=subprocess.STDOUT)
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        deadline = time.monotonic() + 600
+        while "lm_eval --model baseline --model_args backend=served" not in self.output():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                pytest.fail("decodebench serve did not come up:\n" + self.output()[-4000:])
+            time.sleep(1)
+
+    def output(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def server(embedded_checkpoint, tmp_path_factory):
+    running = Server(tmp_path_factory.mktemp("served"))
+    yield running
+    running.stop()
+
+
+def served(server, model: str, extra: str, out, *args: str, cwd, **env):
+    return run_lm_eval(
+        *("--model", model, "--model_args", f"backend=served,pretrained=embedded,base_url={server.base_url}{extra}"),
+        *("--tasks", "squad_mini", "--limit", LIMIT, *SHORT, "--apply_chat_template"),
+        *("--output_path", str(out), "--log_samples", *args),
+        cwd=cwd,
+        **env,
+    )
+
+
+def in_process(model: str, extra: str, out, cwd):
+    return run_lm_eval(
+        *("--model", model, "--model_args", f"backend=vllm,pretrained=embedded,{ENGINE_ARGS}{extra}"),
+        *("--tasks", "squad_mini", "--limit", LIMIT, *SHORT, "--apply_chat_template"),
+        *("--output_path", str(out), "--log_samples"),
+        cwd=cwd,
+        **IN_PROCESS,
+    )
+
+
+def texts(out) -> dict[int, str]:
+    return {s["doc_id"]: s["resps"][0][0] for s in read_samples(out, "squad_mini")}
+
+
+def test_decodebench_serve_prints_what_to_run(server):
+    assert "serving " in server.output() and f"base_url={server.base_url}" in server.output()
+    with urllib.request.urlopen(server.base_url.removesuffix("/v1") + "/metrics", timeout=10) as metrics:
+        assert b"vllm:" in metrics.read()
+
+
+def test_served_answers_equal_the_in_process_engines_and_every_request_is_measured(server, tmp_path):
+    proc = served(server, "baseline", ",num_concurrent=4", tmp_path / "served", cwd=tmp_path)
+    assert proc.returncode == 0, explain(proc)
+    local = in_process("baseline", "", tmp_path / "local", cwd=tmp_path)
+    assert local.returncode == 0, explain(local)
+    answers = texts(tmp_path / "served")
+    assert answers == texts(tmp_path / "local") and sum(bool(t.strip()) for t in answers.values()) >= 6
+    scores = read_results(tmp_path / "served")["results"]["squad_mini"]
+    assert scores == read_results(tmp_path / "local")["results"]["squad_mini"]
+    info = read_results(tmp_path / "served")["config"]["decodebench"]
+    assert info["backend"] == "served" and info["method"] == "baseline"
+    stats = info["tasks"]["squad_mini"]
+    assert stats["requests"] == int(LIMIT) and stats["ttft_s"] and stats["itl_s"] and stats["server"]
+    assert stats["server"]["peak vllm:num_requests_running"] >= 1
+    for sample in read_samples(tmp_path / "served", "squad_mini"):
+        (record,) = sample["decodebench"]
+        assert 0 < record["ttft_s"] < record["latency_s"]
+        # output tokens are the server's usage: the same count the in-process engine reports
+        assert record["new_tokens"] == len(record["inter_token_s"]) + 1
+    local_tokens = {
+        s["doc_id"]: s["decodebench"][0]["new_tokens"] for s in read_samples(tmp_path / "local", "squad_mini")
+    }
+    served_tokens = {
+        s["doc_id"]: s["decodebench"][0]["new_tokens"] for s in read_samples(tmp_path / "served", "squad_mini")
+    }
+    assert served_tokens == local_tokens
+
+
+def test_lz_through_the_server_changes_the_output_as_lz_in_process_does(server, tmp_path):
+    strong = ",strength=3.0,codelength=propositions"
+    proc = served(server, "lz", strong, tmp_path / "served", cwd=tmp_path)
+    assert proc.returncode == 0, explain(proc)
+    local = in_process("lz", strong, tmp_path / "local", cwd=tmp_path)
+    assert local.returncode == 0, explain(local)
+    assert texts(tmp_path / "served") == texts(tmp_path / "local")
+    plain = served(server, "baseline", "", tmp_path / "plain", cwd=tmp_path)
+    assert plain.returncode == 0, explain(plain)
+    assert texts(tmp_path / "served") != texts(tmp_path / "plain"), "a strong LZ penalty must change some answer"
+
+
+def test_bad_input_and_faults_say_what_happened(server, tmp_path):
+    nobody = f"http://127.0.0.1:{_free_port()}/v1"
+    closed = run_lm_eval(
+        *("--model", "baseline", "--model_args", f"backend=served,pretrained=embedded,base_url={nobody}"),
+        *("--tasks", "squad_mini", "--limit", "1", "--output_path", str(tmp_path / "closed")),
+        cwd=tmp_path,
+    )
+    assert closed.returncode != 0 and f"cannot reach an OpenAI-compatible server at {nobody[:-3]}" in closed.stderr
+    # the client told a longer context than the server's 1024 tokens: the server refuses, and says why
+    base = server.base_url
+    refused = run_lm_eval(
+        *("--model", "baseline", "--model_args", f"backend=served,pretrained=embedded,base_url={base},max_length=4096"),
+        *("--tasks", "squad_mini", "--limit", "2", "--gen_kwargs", "max_gen_toks=900", "--apply_chat_template"),
+        *("--output_path", str(tmp_path / "refused")),
+        cwd=tmp_path,
+    )
+    assert refused.returncode != 0 and "the server refused a request (HTTP 400)" in refused.stderr, refused.stderr[
+        -3000:
+    ]
+    assert results_files(tmp_path / "refused") == []
+    slow = served(server, "baseline", ",timeout=1", tmp_path / "slow", "--gen_kwargs", "max_gen_toks=400", cwd=tmp_path)
+    assert slow.returncode != 0 and "a request took more than timeout=1 s" in slow.stderr
+    assert results_files(tmp_path / "slow") == []
+
+
+@pytest.fixture(scope="module")
+def speculative_server(embedded_checkpoint, tmp_path_factory):
+    config = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
+    running = Server(tmp_path_factory.mktemp("speculative"), "--speculative-config", config)
+    yield running
+    running.stop()
+
+
+def test_with_speculation_chunks_carry_several_tokens_and_the_counters_show_it(speculative_server, tmp_path):
+    proc = run_lm_eval(
+        *(
+            "--model",
+            "baseline",
+            "--model_args",
+            f"backend=served,pretrained=embedded,base_url={speculative_server.base_url}",
+        ),
+        *("--tasks", "cnndm_mini", "--limit", "2", "--gen_kwargs", "max_gen_toks=64", "--apply_chat_template"),
+        *("--output_path", str(tmp_path / "out"), "--log_samples"),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, explain(proc)
+    stats = read_results(tmp_path / "out")["config"]["decodebench"]["tasks"]["cnndm_mini"]
+    counters = stats["server"]
+    assert counters["vllm:spec_decode_num_drafts_total"] > 0 and counters["mean_acceptance_length"] >= 1
+    records = [s["decodebench"][0] for s in read_samples(tmp_path / "out", "cnndm_mini")]
+    gaps = [gap for record in records for gap in record["inter_token_s"]]
+    assert len(gaps) == sum(record["new_tokens"] - 1 for record in records)
+    # a chunk of k tokens gives k equal intervals: articles repeat names, so prompt lookup lands some
+    assert any(gaps[i] == gaps[i + 1] for i in range(len(gaps) - 1)), "no chunk carried more than one token"
+
+
+def test_a_server_killed_mid_run_fails_the_run_clearly_and_writes_no_results(speculative_server, tmp_path):
+    proc = subprocess.Popen(
+        [
+            console_script("lm_eval"),
+            *(
+                "--model",
+                "baseline",
+                "--model_args",
+                f"backend=served,pretrained=embedded,base_url={speculative_server.base_url},max_retries=1",
+            ),
+            *("--tasks", "cnndm_mini", "--limit", "20", "--gen_kwargs", "max_gen_toks=256", "--apply_chat_template"),
+            *("--output_path", str(tmp_path / "out")),
+        ],
+        cwd=tmp_path,
+        env=offline_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(30)  # the requests are under way
+    speculative_server.process.kill()
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    assert "stopped answering" in stderr or "cannot reach" in stderr, stderr[-3000:]
+    assert results_files(tmp_path / "out") == []
