@@ -65,6 +65,11 @@ def wait_until_ready(base: str, server: subprocess.Popen, timeout_s: float = STA
     return False
 
 
+def _stop_on_term(signum, frame):
+    """A SIGTERM (a service manager, `kill`) stops the server too, as Ctrl-C does."""
+    raise KeyboardInterrupt
+
+
 def run_serve(model: str | None, host: str, port: int, vllm_args: list[str]) -> int:
     from decodebench.models.backend import resolve_pretrained
 
@@ -72,6 +77,7 @@ def run_serve(model: str | None, host: str, port: int, vllm_args: list[str]) -> 
     command = vllm_command(str(target), host, port, vllm_args)
     print("starting: " + " ".join(command), flush=True)
     server = subprocess.Popen(command)
+    signal.signal(signal.SIGTERM, _stop_on_term)
     shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     base = f"http://{shown_host}:{port}"
     try:
