@@ -24,6 +24,7 @@ Calibrated at the sample sizes people run (2 to a few hundred documents), and ch
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -97,13 +98,23 @@ def check_binary(values: Sequence[float], what: str = "a 0/1 metric") -> None:
         raise ValueError(f"{what} has values other than 0 and 1 (e.g. {odd[0]!r})")
 
 
-def quality_interval(values: Sequence[float], binary: bool) -> tuple[Interval, str]:
+def within(interval: Interval, bounds: tuple[float, float] | None) -> Interval:
+    """``interval`` kept inside the values its quantity can take (clipping never lowers coverage)."""
+    if bounds is None:
+        return interval
+    return Interval(max(interval.low, bounds[0]), min(interval.high, bounds[1]))
+
+
+def quality_interval(
+    values: Sequence[float], binary: bool, bounds: tuple[float, float] | None = None
+) -> tuple[Interval, str]:
     """The 95% interval of a task's mean metric and its name: Wilson (continuity-corrected) for a 0/1 metric,
-    Student's t otherwise. ``binary`` comes from the metric's definition (decodebench.metrics.kinds)."""
+    Student's t otherwise, kept inside ``bounds`` (the metric's range). ``binary`` and ``bounds`` come from the
+    metric's definition (decodebench.metrics.kinds)."""
     if binary:
         check_binary(values)
         return wilson_interval(int(sum(values)), len(values)), "wilson-cc"
-    return t_interval(values), "t"
+    return within(t_interval(values), bounds), "t"
 
 
 def mcnemar_exact(b: int, c: int) -> float:
@@ -137,15 +148,22 @@ class PairedComparison:
         }
 
 
-def paired_comparison(method: Sequence[float], baseline: Sequence[float], binary: bool) -> PairedComparison:
-    """Method against baseline on the same documents (``method[i]`` and ``baseline[i]`` pair up)."""
+def paired_comparison(
+    method: Sequence[float], baseline: Sequence[float], binary: bool, bounds: tuple[float, float] | None = None
+) -> PairedComparison:
+    """Method against baseline on the same documents (``method[i]`` and ``baseline[i]`` pair up); with the metric's
+    range ``bounds``, the difference's interval stays inside what a difference can be (else it may be unbounded)."""
     if len(method) != len(baseline) or not method:
         raise ValueError("a paired comparison needs the same, non-empty list of documents on both sides")
     if binary:
         check_binary(method, "the method's 0/1 metric")
         check_binary(baseline, "the baseline's 0/1 metric")
         return mcnemar_comparison(method, baseline)
-    return sign_flip_comparison(np.asarray(method, dtype=float) - np.asarray(baseline, dtype=float))
+    found = sign_flip_comparison(np.asarray(method, dtype=float) - np.asarray(baseline, dtype=float))
+    if bounds is None:
+        return found
+    span = bounds[1] - bounds[0]
+    return dataclasses.replace(found, interval=within(found.interval, (-span, span)))
 
 
 def mcnemar_comparison(method: Sequence[float], baseline: Sequence[float]) -> PairedComparison:

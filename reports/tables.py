@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decodebench.measure.machine import short_name
-from decodebench.metrics.kinds import is_binary_metric
+from decodebench.metrics.kinds import is_binary_metric, metric_range
 from decodebench.reports.reader import TOKEN_WEIGHTED, Run, TaskResult, printable
 from decodebench.stats import APPROXIMATE_BELOW, paired_comparison, quality_interval
 
@@ -213,14 +213,14 @@ def metric_cells(task: TaskResult, baseline_task: TaskResult | None) -> tuple[di
         if metric in TOKEN_WEIGHTED:
             cell.interval_method = "token-weighted: no per-document interval"
         elif values:
-            interval, method = quality_interval(list(values.values()), binary)
+            interval, method = quality_interval(list(values.values()), binary, metric_range(metric))
             cell.interval, cell.interval_method = interval.as_list(), method
             base = base_documents.get(metric)
             if base:
                 shared = sorted(set(values) & set(base), key=str)
                 if shared and not (binary and any(base[k] not in (0, 1) for k in shared)):
                     cell.comparison = paired_comparison(
-                        [values[k] for k in shared], [base[k] for k in shared], binary
+                        [values[k] for k in shared], [base[k] for k in shared], binary, metric_range(metric)
                     ).as_dict()
                 if len(shared) < len(values):
                     notes.append(f"{metric}: {len(values) - len(shared)} document(s) not answered by the baseline")

@@ -52,7 +52,7 @@ def collect(folder: Path, argv: list[str], out: str, limit: int | None, batch_si
 
 
 def render(folder: Path) -> str:
-    from decodebench.metrics.kinds import is_binary_metric
+    from decodebench.metrics.kinds import is_binary_metric, metric_range
     from decodebench.reports.reader import read_run
     from decodebench.stats import APPROXIMATE_BELOW, quality_interval
 
@@ -82,7 +82,7 @@ def render(folder: Path) -> str:
             values = list(per_document.get(metric, {}).values())
             interval = "n/a (not a mean over documents)"
             if values and abs(sum(values) / len(values) - value) < 1e-9:
-                bounds, kind = quality_interval(values, is_binary_metric(metric))
+                bounds, kind = quality_interval(values, is_binary_metric(metric), metric_range(metric))
                 interval = f"[{bounds.low:.3f}, {bounds.high:.3f}] {kind}"
                 if n < APPROXIMATE_BELOW:
                     interval += f" (approximate: n below {APPROXIMATE_BELOW})"

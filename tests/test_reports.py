@@ -177,7 +177,7 @@ def test_with_five_documents_no_p_value_is_below_what_five_pairs_allow(tmp_path)
     comparisons = [lz["metrics"][m]["vs_baseline"] for m in ("normalized_accuracy", "f1")]
     assert [c["test"] for c in comparisons] == ["mcnemar-exact", "sign-flip-exact"]
     assert all(c["p_value"] == pytest.approx(0.0625) for c in comparisons)
-    assert comparisons[1]["interval"] == [None, None]  # unbounded: strict JSON has no infinity
+    assert comparisons[1]["interval"] == [-1.0, 1.0]  # no shift is rejected: all a difference of F1 can be
     markdown = (tmp_path / "board" / "leaderboard.md").read_text()
     assert "| +1.000 [-0.044, +1.000] p=0.0625 |" in markdown and "5 (below 10: intervals approximate)" in markdown
 

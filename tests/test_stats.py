@@ -100,6 +100,10 @@ def test_the_sign_flip_test_is_scipys_permutation_test_and_never_zero():
     constant = paired_comparison([0.5] * 5, [0.0] * 5, binary=False)
     assert constant.p_value == pytest.approx(0.0625)  # 2 / 2^5: no paired test on 5 pairs goes lower
     assert math.isinf(constant.interval.low) and math.isinf(constant.interval.high)
+    bounded = paired_comparison([0.5] * 5, [0.0] * 5, binary=False, bounds=(0.0, 1.0))  # e.g. ROUGE
+    assert bounded.interval == Interval(-1.0, 1.0) and bounded.p_value == constant.p_value
+    two = quality_interval([0.1, 0.5], binary=False, bounds=(0.0, 1.0))[0]  # t at n = 2 reaches below 0
+    assert two.low == 0.0 and two.high == 1.0
     assert paired_comparison([0.5], [0.0], binary=False).p_value == 1.0
     big = paired_comparison(list(rng.normal(1, 0.1, 200)), [0.0] * 200, binary=False)
     assert big.test == "sign-flip-random" and big.p_value == pytest.approx(1 / 20000) == big.resolution

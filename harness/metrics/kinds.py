@@ -28,6 +28,15 @@ BINARY_METRICS = frozenset(
 )
 
 
+# continuous metrics whose every value lies in [0, 1] by definition (a 0/1 metric does too)
+UNIT_INTERVAL_METRICS = frozenset({"f1", "rouge1", "rouge2", "rougeL", "rougeLsum"})
+
+
+def metric_range(name: str) -> tuple[float, float] | None:
+    """The values a metric can take, by its definition, when known: intervals are kept inside them."""
+    return (0.0, 1.0) if name in BINARY_METRICS or name in UNIT_INTERVAL_METRICS else None
+
+
 def metric_kind(name: str) -> str:
     return BINARY if name in BINARY_METRICS else CONTINUOUS
 
