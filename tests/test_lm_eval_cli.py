@@ -120,7 +120,7 @@ def test_main_job_runs_lm_eval_and_says_where_results_are(embedded_checkpoint, t
     assert proc.returncode == 0, explain(proc)
     (results,) = results_files(out / "baseline")
     assert str(results) in proc.stdout
-    assert "| baseline | squad_mini |" in proc.stdout
+    assert "| squad_mini | baseline |" in proc.stdout
     assert (out / "leaderboard" / "leaderboard.html").is_file()
     assert f"leaderboard: {out / 'leaderboard' / 'leaderboard.html'}" in proc.stdout
     assert "--apply_chat_template was not given" not in proc.stdout + proc.stderr  # the main job applies it

@@ -49,7 +49,8 @@ class MTAD(RowDecodingMethod):
         """Also the draft against the target, before anything loads: ``self:<k>`` needs k below the target's layer
         count (read from its config file alone), an infini-gram index or a draft model path must exist."""
         config, backend_class, rest = super().check_args(model_args)
-        check_draft(config.draft, rest.get("pretrained"))
+        if MODES[config.mode].uses_drafter or MODES[config.mode].uses_generate:
+            check_draft(config.draft, rest.get("pretrained"))
         return config, backend_class, rest
 
     @classmethod
