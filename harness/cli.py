@@ -99,6 +99,18 @@ def _build_index(args: argparse.Namespace) -> int:
     return 0
 
 
+# train-nugget's flags: TrainingSettings fields, with their types and help
+TRAINING_FLAGS = {
+    "ratio": (float, "compression ratio"),
+    "steps": (int, "training steps"),
+    "context": (int, "longest compressed part, in tokens"),
+    "continuation": (int, "continued part, in tokens"),
+    "lr": (float, "peak Adam learning rate"),
+    "layer": (int, "layer whose hidden states the scorer reads"),
+    "seed": (int, "random seed"),
+}
+
+
 def _train_nugget(args: argparse.Namespace) -> int:
     """Trains the paper's compressor (Qin et al., zero-shot setting): the scorer over layer 3 of the frozen model,
     the encoder and decoder LoRA adapters (rank 32) and the soft token, with the straight-through estimator, on plain
@@ -109,15 +121,7 @@ def _train_nugget(args: argparse.Namespace) -> int:
     from decodebench.models.nugget.training import TrainingSettings, default_checkpoint, train
 
     pretrained, embedded = resolve_pretrained(args.pretrained)
-    settings = TrainingSettings(
-        ratio=args.ratio,
-        steps=args.steps,
-        context=args.context,
-        continuation=args.continuation,
-        lr=args.lr,
-        layer=args.layer,
-        seed=args.seed,
-    )
+    settings = TrainingSettings(**{name: getattr(args, name) for name in TRAINING_FLAGS})
     name = "embedded" if embedded else Path(str(pretrained).rstrip("/")).name
     out = args.out or default_checkpoint(name, settings.ratio)
     try:
@@ -287,17 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
         "sharing a 13-word sequence with the bundled evaluation samples are dropped (default: Python's reference "
         "documentation)",
     )
-    for flag, kind, what in (
-        ("--ratio", float, "compression ratio"),
-        ("--steps", int, "training steps"),
-        ("--context", int, "longest compressed part, in tokens"),
-        ("--continuation", int, "continued part, in tokens"),
-        ("--lr", float, "peak Adam learning rate"),
-        ("--layer", int, "layer whose hidden states the scorer reads"),
-        ("--seed", int, "random seed"),
-    ):
-        default = getattr(defaults, flag.removeprefix("--"))
-        nugget.add_argument(flag, type=kind, default=default, help=f"{what} (default {default:g})")
+    for name, (kind, what) in TRAINING_FLAGS.items():
+        default = getattr(defaults, name)
+        nugget.add_argument(f"--{name}", type=kind, default=default, help=f"{what} (default {default:g})")
 
     report = command(
         "report",

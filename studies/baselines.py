@@ -11,19 +11,17 @@ length and speed. ``--from docs/data/baselines`` renders the page again from the
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 from common import (
-    data_dir,
     doc_parser,
     keep_lm_eval_run,
     kept_results,
     load_json,
+    page,
     record_run,
     run_header,
-    write_doc,
 )
 
 from decodebench.runs import LmEvalRun
@@ -105,10 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="documents per task (default: all)")
     parser.add_argument("--batch-size", default="8", help="lm_eval --batch_size (default 8)")
     args = parser.parse_args(argv)
-    folder = Path(args.from_data) if args.from_data else data_dir(args.doc)
-    if not args.from_data:
-        collect(folder, sys.argv[1:] if argv is None else argv, args.out, args.limit, args.batch_size)
-    return write_doc(args.doc, render(folder))
+    options = (args.out, args.limit, args.batch_size)
+    return page(args, argv, lambda folder, command: collect(folder, command, *options), render)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import json
 import platform
 import shlex
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -34,14 +35,20 @@ PAGES = {
     "docs/benchmarks/overhead.md": "overhead_bench",
 }
 # pages whose per-document data no longer exists: they say so, and why, in their first lines
+OLD_STATISTICS = (
+    "; its intervals and p-values come from the paired bootstrap used before (too small at small n: read them as "
+    "not recomputed)"
+)
 NOT_RECOMPUTABLE = {
-    "docs/benchmarks/h100.md": "run on a lent H100 before pages kept their data; rerunning needs a GPU",
+    "docs/benchmarks/h100.md": "run on a lent H100 before pages kept their data; rerunning needs a GPU"
+    + OLD_STATISTICS,
     "docs/benchmarks/metrics.md": "written before pages kept their data; `tox -e metrics-bench` reruns it",
-    "docs/benchmarks/mtad.md": "written before pages kept their data; `tox -e mtad-bench` reruns it",
+    "docs/benchmarks/mtad.md": "written before pages kept their data; `tox -e mtad-bench` reruns it" + OLD_STATISTICS,
     "docs/lz-study.md": "written before pages kept their data; `tox -e lz-study` reruns it",
     "docs/nugget-objective.md": "its checkpoint and per-window losses were not kept; `tox -e nugget-objective` reruns "
-    "it with a trained checkpoint",
-    "docs/nugget-study.md": "its runs (hours, partly on a lent H100) were not kept; `tox -e nugget-study` reruns it",
+    "it with a trained checkpoint" + OLD_STATISTICS,
+    "docs/nugget-study.md": "its runs (hours, partly on a lent H100) were not kept; `tox -e nugget-study` reruns it"
+    + OLD_STATISTICS,
 }
 NOT_RECOMPUTABLE_BANNER = "> **Not recomputable from the repository:**"
 
@@ -133,6 +140,15 @@ def run_header(folder: Path, title: str, tox_env: str) -> list[str]:
         "again from it.",
         "",
     ]
+
+
+def page(args, argv: list[str] | None, collect: Callable[[Path, list[str]], None], render) -> int:
+    """A study's main: collect into the page's data folder (unless ``--from`` names a folder to render from),
+    then render the page from that folder alone."""
+    folder = Path(args.from_data) if args.from_data else data_dir(args.doc)
+    if not args.from_data:
+        collect(folder, sys.argv[1:] if argv is None else argv)
+    return write_doc(args.doc, render(folder))
 
 
 def write_doc(doc: str | Path, text: str) -> int:

@@ -34,14 +34,13 @@ from pathlib import Path
 import torch
 from common import (
     REPO,
-    data_dir,
     doc_parser,
     load_json,
     median_seconds,
+    page,
     record_run,
     run_header,
     save_json,
-    write_doc,
 )
 
 from decodebench.kernels.lz import CODELENGTHS as KERNEL_CODELENGTHS
@@ -334,10 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.vllm_worker:
         print("RESULT " + json.dumps(vllm_worker(*json.loads(args.vllm_worker))))
         return 0
-    folder = Path(args.from_data) if args.from_data else data_dir(args.doc)
-    if not args.from_data:
-        collect(folder, sys.argv[1:] if argv is None else argv, args.rounds, args.quick, args.before)
-    return write_doc(args.doc, render(folder))
+    options = (args.rounds, args.quick, args.before)
+    return page(args, argv, lambda folder, command: collect(folder, command, *options), render)
 
 
 if __name__ == "__main__":

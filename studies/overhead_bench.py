@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from common import data_dir, doc_parser, load_json, record_run, run_header, save_json, write_doc
+from common import doc_parser, load_json, page, record_run, run_header, save_json
 
 from decodebench.runs import LmEvalRun, offline_env
 
@@ -157,19 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=4, help="batch size of both (default 4)")
     parser.add_argument("--out", default="results/overhead", help="lm_eval output folder")
     args = parser.parse_args(argv)
-    folder = Path(args.from_data) if args.from_data else data_dir(args.doc)
-    if not args.from_data:
-        collect(
-            folder,
-            sys.argv[1:] if argv is None else argv,
-            args.rounds,
-            args.task,
-            args.limit,
-            args.max_gen_toks,
-            args.batch_size,
-            args.out,
-        )
-    return write_doc(args.doc, render(folder))
+    options = (args.rounds, args.task, args.limit, args.max_gen_toks, args.batch_size, args.out)
+    return page(args, argv, lambda folder, command: collect(folder, command, *options), render)
 
 
 if __name__ == "__main__":
