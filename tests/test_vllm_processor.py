@@ -143,3 +143,20 @@ def test_bad_per_request_settings_are_refused_with_the_allowed_ones():
         check(lz_penalty=0.15, lz_codelength="paper")
     check(other_processor_setting=1)  # keys of other processors are none of ours
     check(lz_penalty=0.15, lz_window=64, lz_include_prompt="true")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"max_model_len": "abc"}, "max_model_len='abc': vLLM's engine argument max_model_len takes an integer"),
+        ({"gpu_memory_utilization": "nan"}, "gpu_memory_utilization='nan': vLLM's engine argument"),
+        ({"dtype": "fp64"}, r"dtype='fp64': vLLM's engine argument dtype takes one of \['auto'"),
+        ({"enforce_eager": "maybe"}, "enforce_eager='maybe': vLLM's engine argument enforce_eager takes true or false"),
+    ],
+)
+def test_engine_arguments_of_the_wrong_kind_are_named_before_the_engine_starts(args, message):
+    from decodebench.models.baseline import Baseline
+
+    with pytest.raises(ValueError, match=message):
+        Baseline.check_args({"backend": "vllm", **args})
+    Baseline.check_args({"backend": "vllm", "max_model_len": 2048.0, "enforce_eager": True, "dtype": "float32"})
