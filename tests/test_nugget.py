@@ -114,6 +114,27 @@ class TestNuggetModel:
             assert s["nuggets"] == -(-s["document_tokens"] // 10)
             assert s["document_kv_bytes_kept"] * s["document_tokens"] == s["document_kv_bytes_full"] * s["nuggets"]
 
+    @pytest.mark.parametrize("selector", ["delimiter", "query-attention"])
+    def test_a_batch_decodes_what_each_row_decodes_alone(self, prompts, selector):
+        """Rows of different lengths (one left uncompressed) decoded together give batch 1's greedy answers and
+        statistics; only the cache held at decode start counts the batch's padding."""
+        reqs, _ = prompts
+        short = SimpleNamespace(
+            task_name="t", doc_id=2, idx=0, args=("Tiny.\n\nWhat is it?", {"until": [], "max_gen_toks": 12})
+        )
+        reqs = [*reqs, short]
+        alone = self.nugget(selector=selector, ratio=10, batch_size=1)
+        together = self.nugget(selector=selector, ratio=10, batch_size=3)
+        assert together.generate_until(reqs) == alone.generate_until(reqs)
+        volatile = {"kv_bytes_at_decode_start"}
+
+        def stats(model):
+            by_doc = {rec.doc_id: rec.method_stats for rec in model.decodebench_recorder.records}
+            return {doc: {k: v for k, v in s.items() if k not in volatile} for doc, s in by_doc.items()}
+
+        assert stats(together) == stats(alone)
+        assert stats(alone)[2]["document_tokens"] == 0 and stats(alone)[0]["nuggets"] > 0
+
     def test_the_split_puts_the_question_in_the_uncompressed_tail(self, prompts):
         reqs, _ = prompts
         model = self.nugget()

@@ -74,6 +74,12 @@ def test_a_checkpoint_round_trips_into_nugget_and_runs_with_its_adapters(trained
     assert isinstance(text, str)
     summary = model.decodebench_recorder.task_summaries()["t"]["method"]
     assert summary["compressed_requests"] == 1 and summary["selector"] == model.method.description
+    other = SimpleNamespace(
+        task_name="t", doc_id=1, idx=0, args=(f"{document * 2}\n\nWhen?", {"until": [], "max_gen_toks": 4})
+    )
+    args = {"pretrained": str(tiny_checkpoint), "device": "cpu", "selector": str(out), "ratio": 4}
+    together = Nugget.create({**args, "batch_size": 2}).generate_until([request, other])
+    assert together == Nugget.create({**args, "batch_size": 1}).generate_until([request, other])
     ablation = Nugget.create(
         {"pretrained": str(tiny_checkpoint), "device": "cpu", "selector": str(out), "ratio": 4, "adapters": False}
     )

@@ -9,9 +9,10 @@ training (training.py) and decoding (method.py).
   decodes; plus the soft token that sits between the nuggets and what follows them;
 - ``encode_nuggets``: one compression step: score, ``TopK`` (eqs. 14-15, the last token always
   kept), encode with the encoder adapter, keep the chosen positions of every layer's cache;
-- ``reading`` and ``feed_after_nuggets``: how nuggets are read (the decoder adapter on, or the frozen
+- ``reading`` and ``after_nuggets``: how nuggets are read (the decoder adapter on, or the frozen
   model; the soft token in front of the text that follows them, at positions from n), the same in
-  decoding (method.py) and in the studies;
+  decoding a batch (method.py) and in the studies (``feed_after_nuggets``, one row);
+- ``stack_nuggets``: the nuggets of a batch's rows in one cache, left-padded, and their mask;
 - ``nugget_attention_mask``: the decoder's additive mask over [nuggets; soft token; text], which
   carries eq. 18's straight-through term ``s - StopGrad(s)`` on the nugget columns when training.
 
@@ -184,17 +185,62 @@ def reading(model, adapters: NuggetAdapters | None):
         yield
 
 
+def after_nuggets(
+    model, starts: list[int], tails: list[list[int]], soft_token: torch.Tensor | None, device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What a batch feeds after its nuggets: each row's tail (with ``soft_token`` [d] first, as in training:
+    [nuggets; soft token; text]) embedded and left-padded, the mask of its real tokens, and their positions
+    ``start, start + 1, ...`` (the nuggets keep their own).
+
+    Returns (embeds [B, T, d], mask [B, T], positions [B, T])."""
+    embed = model.get_input_embeddings()
+    pieces = []
+    for tail in tails:
+        piece = embed(torch.tensor(tail, device=device, dtype=torch.long).reshape(-1))
+        pieces.append(torch.cat([soft_token[None].to(piece.dtype), piece]) if soft_token is not None else piece)
+    width = max(len(piece) for piece in pieces)
+    embeds = torch.zeros(len(pieces), width, pieces[0].shape[-1], dtype=pieces[0].dtype, device=device)
+    mask = torch.zeros(len(pieces), width, dtype=torch.long, device=device)
+    positions = torch.zeros(len(pieces), width, dtype=torch.long, device=device)
+    for i, (start, piece) in enumerate(zip(starts, pieces, strict=True)):
+        embeds[i, width - len(piece) :] = piece
+        mask[i, width - len(piece) :] = 1
+        positions[i, width - len(piece) :] = torch.arange(start, start + len(piece), device=device)
+    return embeds, mask, positions
+
+
 def feed_after_nuggets(
     model, cache, tokens: torch.Tensor, start: int, soft_token: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Logits [1, t (+1), V] of ``tokens`` [1, t] fed after the cached nuggets of an ``start``-token document,
-    at positions ``start, start + 1, ...`` (the nuggets keep their own); with ``soft_token`` [d] first, as in
-    training ([nuggets; soft token; text]), whose position is then ``start``."""
-    embeds = model.get_input_embeddings()(tokens)
-    if soft_token is not None:
-        embeds = torch.cat([soft_token[None, None].to(embeds.dtype), embeds], dim=1)
-    positions = torch.arange(start, start + embeds.shape[1], device=tokens.device)[None]
+    """Logits [1, t (+1), V] of ``tokens`` [1, t] fed after the cached nuggets of a ``start``-token document."""
+    embeds, _, positions = after_nuggets(model, [start], [tokens[0].tolist()], soft_token, tokens.device)
     return model(inputs_embeds=embeds, past_key_values=cache, use_cache=True, position_ids=positions).logits
+
+
+def stack_nuggets(model, rows: list, device) -> tuple[object, torch.Tensor]:
+    """One cache for a batch: each row's nuggets (per layer keys and values [1, heads, k, dim], or None for a row
+    without) left-padded with zeros to the longest, and the mask [B, k_max] of the real ones."""
+    from transformers import DynamicCache
+
+    kept = [0 if layers is None else layers[0][0].shape[2] for layers in rows]
+    longest = max(kept)
+    mask = torch.zeros(len(rows), longest, dtype=torch.long, device=device)
+    for i, k in enumerate(kept):
+        mask[i, longest - k :] = 1
+    if longest == 0:
+        return DynamicCache(config=model.config), mask
+    template = next(layers for layers in rows if layers is not None)
+    stacked = []
+    for layer, (keys, values) in enumerate(template):
+        shape = (len(rows), keys.shape[1], longest, keys.shape[3])
+        batch_keys = torch.zeros(shape, dtype=keys.dtype, device=device)
+        batch_values = torch.zeros((*shape[:3], values.shape[3]), dtype=values.dtype, device=device)
+        for i, layers in enumerate(rows):
+            if layers is not None:
+                batch_keys[i, :, longest - kept[i] :] = layers[layer][0][0]
+                batch_values[i, :, longest - kept[i] :] = layers[layer][1][0]
+        stacked.append((batch_keys, batch_values))
+    return DynamicCache(ddp_cache_data=stacked), mask
 
 
 def nugget_attention_mask(nugget_scores: torch.Tensor, length: int, dtype=torch.float32) -> torch.Tensor:

@@ -15,21 +15,73 @@ occurrence of ``split``, a blank line in decodebench's squad and cnndm tasks) an
    greedy or sampled as the task says.
 
 A document shorter than ``ratio`` tokens, or a prompt without ``split``, is left uncompressed
-(a documented no-op; the statistics show a ratio of 1). Rows are decoded one at a time.
+(a documented no-op; the statistics show a ratio of 1). A batch (``--batch_size N``) compresses each row's
+document on its own and decodes the rows together: their nuggets left-padded into one cache, each row at its
+own positions; greedy answers equal those of batch 1.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from decodebench.kernels.nugget import nuggets_for
-from decodebench.models.nugget.compressor import cache_bytes, encode_nuggets, feed_after_nuggets, reading
+from decodebench.models.method import DecodeOutput
+from decodebench.models.nugget.compressor import after_nuggets, cache_bytes, encode_nuggets, reading, stack_nuggets
 from decodebench.models.nugget.config import NuggetConfig
 from decodebench.models.nugget.selectors import build_selector
 from decodebench.models.rows import RowDecodingMethod, RowStop, Sampler, choose
+
+
+@dataclass
+class Compressed:
+    """One row ready to decode: its document's nuggets, where the text after them starts, and that text."""
+
+    layers: list[tuple[torch.Tensor, torch.Tensor]] | None  # per layer keys, values [1, heads, k, dim]; None: as is
+    start: int  # the position of the first tail token (the document's length; 0 for a row left as it is)
+    tail: list[int]
+    stats: dict[str, Any]
+
+
+def decode_together(lm, rows: list[Compressed], adapters, stops: list[RowStop], sampler: Sampler | None):
+    """Decode rows as one batch: their nuggets left-padded into one cache, their tails left-padded after them,
+    each token at its row's own position, the padding masked out; until every row has stopped.
+
+    Returns each row's new tokens (cut at its own stop) and when the first new tokens existed. Each row's
+    ``kv_bytes_at_decode_start`` is what the batch's cache physically holds per row, padding included.
+    """
+    model, device = lm.model, lm.device
+    batch = len(rows)
+    cache, nugget_mask = stack_nuggets(model, [row.layers for row in rows], device)
+    soft = adapters.soft_token if adapters is not None else None
+    inputs, tail_mask, positions = after_nuggets(model, [r.start for r in rows], [r.tail for r in rows], soft, device)
+    mask = torch.cat([nugget_mask, tail_mask], dim=1)
+    logits = model(
+        inputs_embeds=inputs, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+    ).logits[:, -1]
+    held = cache_bytes(cache) // batch
+    for row in rows:
+        row.stats["kv_bytes_at_decode_start"] = held
+    generated = [[choose(logits[i].float(), sampler)] for i in range(batch)]
+    first_token_at = time.perf_counter()
+    next_position = positions[:, -1] + 1
+    while not all(stop.finished(tokens) for stop, tokens in zip(stops, generated, strict=True)):
+        mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype, device=device)], dim=1)
+        step = torch.tensor([[tokens[-1]] for tokens in generated], device=device)
+        logits = model(
+            input_ids=step,
+            attention_mask=mask,
+            position_ids=next_position[:, None],
+            past_key_values=cache,
+            use_cache=True,
+        ).logits[:, -1]
+        next_position = next_position + 1
+        for i, tokens in enumerate(generated):
+            tokens.append(choose(logits[i].float(), sampler))
+    return [stop.truncate(tokens) for stop, tokens in zip(stops, generated, strict=True)], first_token_at
 
 
 class Nugget(RowDecodingMethod):
@@ -74,53 +126,53 @@ class Nugget(RowDecodingMethod):
             position += len(text)
         return len(prompt)
 
-    @torch.inference_mode()
-    def decode_row(self, lm, prompt: list[int], stop: RowStop, sampler: Sampler | None):
-        from transformers import DynamicCache
-
+    # -- decoding: every row compressed on its own, then the batch decoded together -----------------------------
+    def compress(self, lm, prompt: list[int]) -> Compressed:
+        """One row's document kept as nuggets (its own selection and encoding), or the row as it is when there is
+        nothing to compress (no split marker, a document shorter than the ratio)."""
         model, device, ratio = lm.model, lm.device, self.config.ratio
         n = self.split_point(lm, prompt)
         document, tail = prompt[:n], prompt[n:]
-        compress = self.selector.compresses and n >= ratio and nuggets_for(n, ratio) < n and tail
-        stats: dict[str, Any] = {
-            "document_tokens": n if compress else 0,
-            "tail_tokens": len(tail if compress else prompt),
+        if not (self.selector.compresses and n >= ratio and nuggets_for(n, ratio) < n and tail):
+            return Compressed(None, 0, prompt, {"document_tokens": 0, "tail_tokens": len(prompt)})
+        ids = torch.tensor([document], device=device)
+        scores = self.selector.scores(lm, ids, tail).to(device)
+        nuggets = encode_nuggets(model, ids, scores, ratio, encoder=self.selector.adapters is not None)
+        kept = nuggets.indices.shape[1]
+        stats = {
+            "document_tokens": n,
+            "tail_tokens": len(tail),
+            "nuggets": kept,
+            "achieved_ratio": n / kept,
+            "document_kv_bytes_full": nuggets.full_kv_bytes,
+            "document_kv_bytes_kept": cache_bytes(nuggets.cache),
         }
-        adapters = self.selector.adapters if compress else None
-        if compress:
-            ids = torch.tensor([document], device=device)
-            scores = self.selector.scores(lm, ids, tail).to(device)
-            nuggets = encode_nuggets(model, ids, scores, ratio, encoder=adapters is not None)
-            cache, kept = nuggets.cache, nuggets.indices.shape[1]
-            stats.update(
-                nuggets=kept,
-                achieved_ratio=n / kept,
-                document_kv_bytes_full=nuggets.full_kv_bytes,
-                document_kv_bytes_kept=cache_bytes(cache),
-            )
-        else:
-            cache, tail, n = DynamicCache(config=model.config), prompt, 0
-        with reading(model, adapters):  # an uncompressed row is the plain model's
-            return self._decode(model, device, cache, tail, n, adapters, stop, sampler, stats)
+        layers = [(layer.keys, layer.values) for layer in nuggets.cache.layers]
+        return Compressed(layers, n, tail, stats)
 
-    @staticmethod
-    def _decode(model, device, cache, tail, n, adapters, stop, sampler, stats):
-        soft_token = adapters.soft_token if adapters is not None else None
+    @torch.inference_mode()
+    def hf_decode(self, lm, input_ids, attention_mask, *, stop, max_new_tokens, kwargs) -> DecodeOutput:
+        """Each row compressed independently, then the rows decoded together: the compressed ones through the
+        decoder adapter (with a checkpoint), the uncompressed ones as the plain model, each group as one batch."""
+        sampler = Sampler.from_decoding(lm.decoding_settings(kwargs, self.sampling_defaults), self.generator)
+        prompts = [input_ids[row][attention_mask[row].bool()].tolist() for row in range(input_ids.shape[0])]
+        rows = [self.compress(lm, prompt) for prompt in prompts]
+        tokens: list[list[int]] = [[] for _ in rows]
+        first_token_at = None
+        for compressed in (True, False):
+            group = [i for i, row in enumerate(rows) if (row.layers is not None) == compressed]
+            if not group:
+                continue
+            adapters = self.selector.adapters if compressed else None
+            stops = [RowStop(lm, stop, max_new_tokens) for _ in group]
+            with reading(lm.model, adapters):  # an uncompressed row is the plain model's
+                decoded, first = decode_together(lm, [rows[i] for i in group], adapters, stops, sampler)
+            for i, row_tokens in zip(group, decoded, strict=True):
+                tokens[i] = row_tokens
+            first_token_at = first_token_at or first
+        return DecodeOutput(tokens=tokens, first_token_at=first_token_at, row_stats=[row.stats for row in rows])
 
-        def step(tokens: list[int], start: int, soft: torch.Tensor | None = None) -> torch.Tensor:
-            ids = torch.tensor([tokens], device=device)
-            return feed_after_nuggets(model, cache, ids, start, soft)[0, -1].float()
-
-        logits = step(tail, n, soft_token)
-        stats["kv_bytes_at_decode_start"] = cache_bytes(cache)
-        generated = [choose(logits, sampler)]
-        first_token_at = time.perf_counter()
-        offset = n + len(tail) + (soft_token is not None)
-        while not stop.finished(generated):
-            generated.append(choose(step(generated[-1:], offset + len(generated) - 1), sampler))
-        return generated[: stop.max_new], stats, first_token_at
-
-    def summarize(self, records) -> dict[str, Any]:
+    def summarize(self, records, engine=None) -> dict[str, Any]:
         compressed = [rec.method_stats for rec in records if "nuggets" in rec.method_stats]
         after_prefill = [rec.method_stats["kv_bytes_at_decode_start"] for rec in records]
         summary: dict[str, Any] = {
