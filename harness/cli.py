@@ -5,6 +5,7 @@ decodebench demo                   the main job: every method on the mini tasks,
 decodebench report RESULTS...      leaderboards from lm_eval outputs
 decodebench compare --model M ...  a method against the baseline in interleaved rounds
 decodebench serve                  `vllm serve` with decodebench's plugins, for backend=served
+decodebench sweep --model M ...    a method and the baseline through one server at several concurrency levels
 decodebench methods                the methods of `lm_eval --model` and their arguments
 decodebench build-index CORPUS     an infini-gram index with a model's tokenizer
 decodebench train-nugget           train the nugget selector
@@ -174,6 +175,27 @@ def _compare(args: argparse.Namespace) -> int:
     )
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    """Runs a method and the baseline through one OpenAI-compatible server (backend=served) at several numbers of
+    requests in flight, in rounds of alternating order, through the real `lm_eval`, and reports per level each
+    side's throughput, the method's over the baseline's paired per round with its interval, TTFT and TPOT
+    percentiles, and quality from the same generations with its paired test."""
+    from decodebench.sweep import run_sweep
+
+    return run_sweep(
+        args.model,
+        args.model_args,
+        args.baseline_args,
+        args.base_url,
+        args.concurrency,
+        args.tasks,
+        args.out,
+        args.rounds,
+        args.limit,
+        args.gen_kwargs,
+    )
+
+
 def _serve(args: argparse.Namespace) -> int:
     """Starts `vllm serve` for a model (the embedded one by default) with decodebench's vLLM plugins, passes every
     other argument to it unchanged, waits until it answers, prints the base_url and the lm_eval line that measures
@@ -319,6 +341,18 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--limit", type=int, default=None, help="documents per task (lm_eval --limit)")
     compare.add_argument("--batch-size", default="1", help="lm_eval --batch_size for both (default 1)")
     compare.add_argument("--gen-kwargs", default=None, help="lm_eval --gen_kwargs for both")
+
+    sweep = command("sweep", _sweep, "a method and the baseline through one server at several concurrency levels")
+    sweep.add_argument("--model", required=True, help="the method (lm_eval --model), e.g. lz")
+    sweep.add_argument("--model-args", default=None, help="its --model_args, e.g. pretrained=embedded,strength=0.2")
+    sweep.add_argument("--baseline-args", default=None, help="the baseline's (default: the method's, less its own)")
+    sweep.add_argument("--base-url", required=True, help="the server, e.g. http://127.0.0.1:8000/v1")
+    sweep.add_argument("--concurrency", default="1,4,16", help="requests in flight, comma-separated (default 1,4,16)")
+    sweep.add_argument("--tasks", required=True, help="comma-separated tasks")
+    sweep.add_argument("--out", default="results/sweep", help="output folder (default: results/sweep)")
+    sweep.add_argument("--rounds", type=int, default=2, help="rounds, the order alternating (default 2)")
+    sweep.add_argument("--limit", type=int, default=None, help="documents per task (lm_eval --limit)")
+    sweep.add_argument("--gen-kwargs", default=None, help="lm_eval --gen_kwargs for both")
 
     from decodebench.serve import DEFAULT_PORT
 

@@ -18,6 +18,7 @@ size, and reports per task:
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections import defaultdict
@@ -63,6 +64,44 @@ def check_both(model: str, model_args: dict[str, str], baseline_args: dict[str, 
             method_class(name).check_args(parsed)
         except ValueError as exc:
             raise ValueError(f"the {side}'s --model_args: {exc}") from None
+
+
+class UsageError(ValueError):
+    """What a command was given cannot run: it exits 2 with this message, before anything runs."""
+
+
+def exit_codes(command):
+    """A command's body with its errors as exit codes: 2 and the message for a ``UsageError``, 1 and the message
+    for a run that failed (``RuntimeError``); lm_eval's own output above says the rest."""
+
+    @functools.wraps(command)
+    def wrapped(*args, **kwargs) -> int:
+        try:
+            return command(*args, **kwargs)
+        except UsageError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except RuntimeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+
+    return wrapped
+
+
+def checked_sides(
+    model: str, model_args: str | None, baseline_args: str | None, rounds: int, as_run=lambda args: args
+) -> tuple[dict[str, str], dict[str, str]]:
+    """(the method's, the baseline's) --model_args, parsed and checked before any round runs (``as_run``: what a
+    run adds to them); the baseline's default to the method's backend arguments. A UsageError says what is wrong."""
+    if rounds < 1:
+        raise UsageError("--rounds must be at least 1")
+    try:
+        method_args = parse_model_args(model_args)
+        base_args = parse_model_args(baseline_args) or backend_args(model, method_args)
+        check_both(model, as_run(method_args), as_run(base_args))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return method_args, base_args
 
 
 def run_rounds(
@@ -208,6 +247,7 @@ def markdown(summary: dict[str, dict], model: str, model_args: dict, rounds: int
     return "\n".join(lines) + "\n"
 
 
+@exit_codes
 def run_compare(
     model: str,
     model_args: str | None,
@@ -219,24 +259,11 @@ def run_compare(
     batch_size: str,
     gen_kwargs: str | None,
 ) -> int:
-    if rounds < 1:
-        print("error: --rounds must be at least 1", file=sys.stderr)
-        return 2
-    try:
-        method_args = parse_model_args(model_args)
-        base_args = parse_model_args(baseline_args) or backend_args(model, method_args)
-        check_both(model, method_args, base_args)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    method_args, base_args = checked_sides(model, model_args, baseline_args, rounds)
     out_dir = Path(out).resolve()
-    try:
-        rounds_done = run_rounds(
-            model, method_args, base_args, tasks.split(","), out_dir, rounds, limit, batch_size, gen_kwargs
-        )
-    except RuntimeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    rounds_done = run_rounds(
+        model, method_args, base_args, tasks.split(","), out_dir, rounds, limit, batch_size, gen_kwargs
+    )
     summary = summarize(rounds_done)
     text = markdown(summary, model, method_args, rounds)
     (out_dir / "compare.md").write_text(text)

@@ -12,8 +12,9 @@ templates, token-id prompts, stop sequences and payload), sends each request on 
 - output and prompt tokens: the server's ``usage``, not re-tokenized.
 
 A task's tokens/s is its output tokens over the wall time of the whole task at that concurrency (throughput).
-Around each task the server's Prometheus ``/metrics`` are read: counter deltas (speculative decoding's drafts and
-accepted tokens, prefix-cache queries and hits) and the peak of its running and waiting requests. Energy: the
+Around each task the server's Prometheus ``/metrics`` are read (``engine`` in the results): counter deltas
+(speculative decoding's drafts and accepted tokens, prefix-cache queries and hits) and the peak of its running and
+waiting requests. Energy: the
 DCGM exporter at ``energy_url``, else NVML over every GPU when the server runs on this machine, else unavailable
 with the reason. The backend knows no method: a method says what its requests carry (``vllm_sampling_kwargs``:
 ``extra_args`` travel as ``vllm_xargs``, penalties as themselves).
@@ -167,7 +168,7 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
             with self.decodebench_recorder.open(task) as window:
                 peaks: dict[str, float] = {}
                 streamed = asyncio.run(self._send_all(task, batch, list(payloads), peaks, pbar))
-            window.server = self._server_counters(before, self._scrape(), peaks)
+            window.engine = self._server_counters(before, self._scrape(), peaks)
             for position, request, out, decoding in zip(positions, batch, streamed, decodings, strict=True):
                 window.record(
                     request,

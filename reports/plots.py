@@ -73,5 +73,45 @@ def _span(interval, value) -> tuple[float, float]:
     return max(0.0, value - interval[0]), max(0.0, interval[1] - value)
 
 
+def concurrency_plot(rows: list[Row]) -> str | None:
+    """For served runs: throughput (tokens/s) against p90 TPOT and against p90 TTFT, one line per method across the
+    numbers of requests in flight, each point labelled with its concurrency and quality (a PNG, base64)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    served = [r for r in rows if r.run.concurrency and r.tokens_per_second is not None]
+    lines: dict[str, list[Row]] = {}
+    for row in served:
+        lines.setdefault(row.run.label, []).append(row)
+    if not any(len(points) > 1 for points in lines.values()):
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), dpi=110, sharey=True)
+    for ax, key, name in ((axes[0], "tpot_s", "p90 TPOT (ms)"), (axes[1], "ttft_s", "p90 TTFT (ms)")):
+        for label, points in lines.items():
+            points = sorted(points, key=lambda r: r.run.concurrency)
+            xs = [1000 * ((r.measurement.get(key) or {}).get("p90") or float("nan")) for r in points]
+            ys = [r.tokens_per_second for r in points]
+            ax.plot(xs, ys, marker="o", label=label[:40])
+            for x, y, row in zip(xs, ys, points, strict=True):
+                quality = f", {row.quality:.2f}" if row.quality is not None else ""
+                text = f"c={row.run.concurrency}{quality}"
+                ax.annotate(text, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.set_xlabel(f"{name} (lower is better)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("tokens/s (higher is better)")
+    axes[0].legend(loc="best", fontsize=7)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
 def task_plots(rows: list[Row]) -> dict[str, str | None]:
-    return {"speed": _scatter(rows, "speed"), "energy": _scatter(rows, "energy")}
+    return {
+        "speed": _scatter(rows, "speed"),
+        "energy": _scatter(rows, "energy"),
+        "concurrency": concurrency_plot(rows),
+    }

@@ -118,6 +118,16 @@ class Run:
     def measured(self) -> bool:
         return self.machine is not None
 
+    @property
+    def concurrency(self) -> int | None:
+        """Requests in flight for a served run (its ``num_concurrent``), None for in-process runs."""
+        if self.backend != "served":
+            return None
+        try:
+            return int(float(self.model_args.get("num_concurrent", 1)))
+        except (TypeError, ValueError):
+            return None
+
 
 def printable(value: Any) -> str:
     """``str(value)`` with control characters escaped, so that split=\\n\\n keeps a table row on one line."""

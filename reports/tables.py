@@ -118,6 +118,7 @@ class Row:
             "model": self.run.pretrained,
             "backend": self.run.backend,
             "batch_size": self.run.batch_size,
+            "concurrency": self.run.concurrency,
             "n": self.n,
             "n_below_30": self.small_n,
             "intervals_approximate": self.approximate,
@@ -174,6 +175,7 @@ def comparison_key(run: Run, task: TaskResult) -> tuple:
         # how it was decoded after every default (a baseline sampling with top-k 50 is no baseline
         # for a method that samples with top-k 20)
         json.dumps((task.measurement or {}).get("decoding"), sort_keys=True),
+        run.concurrency,  # a served run is compared at the same number of requests in flight
     )
 
 

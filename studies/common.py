@@ -13,6 +13,7 @@ pages whose data is lost say so (``NOT_RECOMPUTABLE``) at their top.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import shlex
@@ -33,7 +34,11 @@ PAGES = {
     "docs/baselines.md": "baselines",
     "docs/benchmarks/lz.md": "lz_bench",
     "docs/benchmarks/overhead.md": "overhead_bench",
+    "docs/benchmarks/served.md": "served_bench",
 }
+# pages that measure nothing (design notes): they say so in their first lines
+DESIGN_NOTES = ("docs/nugget-engines.md",)
+DESIGN_NOTE_BANNER = "A design note, not a measurement"
 # pages whose per-document data no longer exists: they say so, and why, in their first lines
 OLD_STATISTICS = (
     "; its intervals and p-values come from the paired bootstrap used before (too small at small n: read them as "
@@ -142,6 +147,33 @@ def run_header(folder: Path, title: str, tox_env: str) -> list[str]:
     ]
 
 
+@contextlib.contextmanager
+def serving(*vllm_args: str):
+    """``decodebench serve`` on a free port with these ``vllm serve`` arguments, until the block ends: its base_url."""
+    import signal
+    import socket
+    import subprocess
+
+    from decodebench.serve import wait_until_ready
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    script = Path(sys.executable).with_name("decodebench")
+    server = subprocess.Popen([str(script), "serve", "--port", str(port), *vllm_args], start_new_session=True)
+    try:
+        if not wait_until_ready(f"http://127.0.0.1:{port}", server):
+            raise RuntimeError("decodebench serve did not start; its output is above")
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
 def page(args, argv: list[str] | None, collect: Callable[[Path, list[str]], None], render) -> int:
     """A study's main: collect into the page's data folder (unless ``--from`` names a folder to render from),
     then render the page from that folder alone."""
@@ -182,6 +214,24 @@ def task_docs(task_name: str, limit: int | None = None) -> tuple[object, list[di
     task = TaskManager().load([task_name])["tasks"][task_name]
     docs = list(task.eval_docs)
     return task, docs[:limit] if limit else docs
+
+
+def add_load_options(parser: argparse.ArgumentParser, limit: int, rounds: int, max_gen_toks: int, out: str) -> None:
+    """A served benchmark's options: documents per task, rounds, new tokens at most, lm_eval's output folder."""
+    parser.add_argument("--limit", type=int, default=limit, help=f"documents per task (default {limit})")
+    parser.add_argument("--rounds", type=int, default=rounds, help=f"rounds, the order alternating (default {rounds})")
+    parser.add_argument("--max-gen-toks", type=int, default=max_gen_toks, help=f"new tokens at most ({max_gen_toks})")
+    parser.add_argument("--out", default=out, help=f"lm_eval output folder (default {out})")
+
+
+def load_study_main(argv: list[str] | None, description: str, doc: str, collect, render, **defaults) -> int:
+    """A served benchmark's main: its load options (``add_load_options``, with ``defaults``), then ``page``;
+    ``collect(folder, command, limit, rounds, max_gen_toks, out)``."""
+    parser = doc_parser(description, doc)
+    add_load_options(parser, **defaults)
+    args = parser.parse_args(argv)
+    options = (args.limit, args.rounds, args.max_gen_toks, args.out)
+    return page(args, argv, lambda folder, command: collect(folder, command, *options), render)
 
 
 def doc_parser(description: str, doc: str) -> argparse.ArgumentParser:

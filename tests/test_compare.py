@@ -83,3 +83,22 @@ def test_compare_runs_baseline_and_method_interleaved_through_lm_eval(tiny_check
     low, high = summary["speed_ratio_interval"]
     assert low <= summary["speed_ratio"] <= high
     assert "speed ratio [95% CI]" in (out / "compare.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--concurrency", "0,4"], "comma-separated whole numbers >= 1"),
+        (["--concurrency", "1,four"], "comma-separated whole numbers >= 1"),
+        (["--rounds", "0"], "--rounds must be at least 1"),
+    ],
+)
+def test_a_sweep_with_a_bad_load_says_what_is_allowed_before_running(flags, message, tmp_path):
+    proc = run_command(
+        [
+            *(console_script("decodebench"), "sweep", "--model", "lz", "--base-url", "http://127.0.0.1:9/v1"),
+            *("--tasks", "squad_mini", *flags),
+        ],
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2 and message in proc.stderr, explain(proc)

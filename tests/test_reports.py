@@ -35,6 +35,7 @@ def results_file(
     extra_metrics=None,
     decoding=None,
     f1=None,
+    model_args=None,
 ) -> Path:
     """A results JSON in lm-eval 0.4.13's schema, as decodebench's models write it, and its samples log.
 
@@ -83,7 +84,12 @@ def results_file(
             for line, value in zip(lines, f1, strict=True):
                 line["f1"] = value
         (folder / f"samples_{task}_{DATE}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    config = {"model": method, "model_args": {"pretrained": pretrained}, "batch_size": batch_size, "limit": None}
+    config = {
+        "model": method,
+        "model_args": {"pretrained": pretrained, **(model_args or {})},
+        "batch_size": batch_size,
+        "limit": None,
+    }
     if measured:
         config["decodebench"] = {
             "method": method,
@@ -197,6 +203,28 @@ def test_a_baseline_with_another_configuration_is_never_used(tmp_path):
     other_batch = next(r for r in rows if r["batch_size"] == 8)
     assert other_batch["metrics"]["normalized_accuracy"]["vs_baseline"] is not None  # quality pairs up
     assert other_batch["speed_ratio_vs_baseline"] is None and "batch size 1" in other_batch["speed_note"]
+
+
+def test_served_runs_pair_at_the_same_load_and_are_drawn_across_loads(tmp_path):
+    """A sweep's runs: the method at 4 requests in flight against the baseline at 4, never at 1; the HTML draws
+    throughput against latency across the loads."""
+    for level, seconds in ((1, 10.0), (4, 4.0)):
+        for method, correct, slower in (("baseline", BASE, 1.0), ("lz", BETTER, 1.25)):
+            results_file(
+                tmp_path / f"{method}-{level}",
+                method,
+                {"squad_mini": (correct, 100, seconds * slower)},
+                backend="served",
+                model_args={"backend": "served", "num_concurrent": level},
+            )
+    write_report([tmp_path], tmp_path / "board")
+    rows = json.loads((tmp_path / "board" / "leaderboard.json").read_text())["tasks"]["squad_mini"]
+    for row in rows:
+        assert row["concurrency"] in (1, 4)
+        if row["method"] == "lz":
+            assert row["speed_ratio_vs_baseline"] == pytest.approx(1 / 1.25)  # against its own load's baseline
+    html = (tmp_path / "board" / "leaderboard.html").read_text()
+    assert "throughput against latency across concurrency" in html
 
 
 def test_a_baseline_that_sampled_otherwise_is_never_used(tmp_path):

@@ -2,8 +2,8 @@
 
 ``scrape(url)`` returns ``{name: total}`` with the samples of each metric summed over their labels
 (every GPU, every model), and ``{name{label=value}: value}`` for the labelled samples too, so that a
-caller can take a total or one series. Counters are read before and after a measurement window and
-differenced (``deltas``); gauges are read as they are.
+caller can take a total or one series; a series per ``position`` is also ``name[position]``. Counters are
+read before and after a measurement window and differenced (``deltas``); gauges are read as they are.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ def scrape(url: str, timeout_s: float = 5.0) -> dict[str, float]:
                 if sample.labels:
                     labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
                     values[f"{sample.name}{{{labels}}}"] = sample.value
+                if "position" in sample.labels:  # a vector (acceptance per draft position): name[i], as vLLM's LLM
+                    values[f"{sample.name}[{sample.labels['position']}]"] += sample.value
     except ValueError as exc:
         raise ScrapeError(f"{url} is not a Prometheus metrics page: {exc}") from None
     return dict(values)
@@ -42,5 +44,5 @@ def deltas(before: dict[str, float], after: dict[str, float], prefixes: tuple[st
     return {
         name: after[name] - before.get(name, 0.0)
         for name in sorted(after)
-        if name.startswith(prefixes) and "{" not in name and name.endswith("_total")
+        if name.startswith(prefixes) and "{" not in name and name.split("[")[0].endswith("_total")
     }

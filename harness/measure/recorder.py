@@ -16,8 +16,9 @@ Definitions (the README's "Measurements" section shows them to users):
   ``(latency - ttft) / (new_tokens - 1)``; ``inter_token_s`` (served requests): the gap between
   streamed chunks divided by the tokens each carries. A task reports their p50, p90 and p99 over
   requests (ITL over every interval).
-- ``server`` (served runs): what the server's own counters did over the task (speculative decoding,
-  prefix cache, the peak of its running and waiting requests).
+- ``engine`` (vLLM, in process or served): what the engine's own counters did over the task
+  (speculative decoding's drafts and accepted tokens, prefix cache, the peak of running and waiting
+  requests); methods read their statistics from it where the engine keeps them (MTAD on vLLM).
 - ``tokens_per_second`` of a task: its new tokens over the summed wall time of its windows, with
   a 95% bootstrap interval over windows (one request each at batch size 1).
 - ``peak_memory_bytes``: the largest window peak of the task (decodebench.measure.memory).
@@ -100,7 +101,7 @@ class Window:
     peak_memory_bytes: int | None = None
     ttft_s: float | None = None
     decoding: dict[str, Any] | None = None  # how it decoded (decodebench.models.decoding.decoding_record)
-    server: dict[str, Any] | None = None  # a served model's counters over the window
+    engine: dict[str, Any] | None = None  # the inference engine's own counters over the window (vLLM's)
     records: list[RequestRecord] = field(default_factory=list)
 
     def record(
@@ -161,7 +162,7 @@ class Recorder:
         self,
         meter: EnergyMeter,
         synchronize: Callable[[], None] | None = None,
-        summarize_method_stats: Callable[[list[RequestRecord]], dict] | None = None,
+        summarize_method_stats: Callable[[list[RequestRecord], dict | None], dict] | None = None,
         summary_columns: Callable[[dict], dict] | None = None,
         memory: MemoryMeter | None = None,
     ):
@@ -211,7 +212,8 @@ class Recorder:
         new_tokens = sum(r.new_tokens for r in records)
         finish = {reason: sum(r.finish_reason == reason for r in records) for reason in FINISH_REASONS}
         checked = [r.repetition["degenerate"] for r in records if r.repetition is not None]
-        method_stats = self._summarize_method(records)
+        engine = _merge_engine(w.engine for w in windows if w.engine is not None)
+        method_stats = self._summarize_method(records, engine)
         timed = [w for w in windows if w.wall_s > 0]
         summary = {
             "requests": len(records),
@@ -241,7 +243,7 @@ class Recorder:
             ),
             "memory_source": self.memory.source,
             **self._energy(windows),
-            "server": _merge_server(w.server for w in windows if w.server is not None),
+            "engine": engine,
             "method": method_stats,
             # what a leaderboard shows of the method's statistics, chosen by the method itself
             "method_columns": self._summary_columns(method_stats),
@@ -321,7 +323,7 @@ class _OpenWindow:
             recorder._finish(window)
 
 
-def sum_numeric_stats(records: list[RequestRecord]) -> dict[str, Any]:
+def sum_numeric_stats(records: list[RequestRecord], engine: dict | None = None) -> dict[str, Any]:
     """Default aggregation of method statistics: sum every numeric counter over the requests."""
     totals: dict[str, float] = defaultdict(float)
     for rec in records:
@@ -331,8 +333,8 @@ def sum_numeric_stats(records: list[RequestRecord]) -> dict[str, Any]:
     return dict(totals)
 
 
-def _merge_server(counters: Iterable[dict]) -> dict[str, Any] | None:
-    """A task's server counters over its windows: counters added up, peaks and ratios taken over all."""
+def _merge_engine(counters: Iterable[dict]) -> dict[str, Any] | None:
+    """A task's engine counters over its windows: counters added up, peaks and ratios taken over all."""
     merged: dict[str, Any] = {}
     for window in counters:
         for name, value in window.items():
