@@ -36,6 +36,16 @@ def vllm_command(model: str, host: str, port: int, vllm_args: list[str]) -> list
     return command
 
 
+def server_environment() -> dict[str, str]:
+    """This environment, plus what decodebench's vLLM plugins need of the engine unless it says otherwise (MTAD's
+    rule wraps the V1 model runner's sampler: models/mtad/vllm_plugin.py)."""
+    import os
+
+    from decodebench.models.mtad.vllm_plugin import V1_RUNNER
+
+    return {**V1_RUNNER, **os.environ}
+
+
 def _on_cpu() -> bool:
     from vllm.platforms import current_platform
 
@@ -76,7 +86,7 @@ def run_serve(model: str | None, host: str, port: int, vllm_args: list[str]) -> 
     target, embedded = resolve_pretrained(model)
     command = vllm_command(str(target), host, port, vllm_args)
     print("starting: " + " ".join(command), flush=True)
-    server = subprocess.Popen(command)
+    server = subprocess.Popen(command, env=server_environment())
     signal.signal(signal.SIGTERM, _stop_on_term)
     shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     base = f"http://{shown_host}:{port}"

@@ -23,24 +23,75 @@ import math
 import torch
 
 
-def mtad_accept_length(target_logprobs: torch.Tensor, draft_joint_logprobs: torch.Tensor, tau: float) -> torch.Tensor:
+def mtad_accept_length(
+    target_logprobs: torch.Tensor, draft_joint_logprobs: torch.Tensor, tau: float | torch.Tensor
+) -> torch.Tensor:
     """Algorithm 1, lines 6-13: the longest accepted draft prefix of each row.
 
     Args:
         target_logprobs: [B, gamma] ``log p(x_i | x_<i)`` of each draft token under the target.
         draft_joint_logprobs: [B, gamma] ``log q(x_1..i)``, the draft's joint log-likelihood of
             each prefix (the beam score along the best beam).
-        tau: acceptance threshold in [0, 1).
+        tau: acceptance threshold in [0, 1), or one per row [B].
 
     Returns:
         [B] the largest ``j`` (0..gamma) with ``log p(x_1..j) - log q(x_1..j) > log tau``; 0 when
         no prefix passes. ``min(1, r) > tau`` equals ``r > tau`` because ``tau < 1``.
     """
     joint_p = torch.cumsum(target_logprobs, dim=-1)
-    log_tau = math.log(tau) if tau > 0 else float("-inf")
+    if isinstance(tau, torch.Tensor):
+        log_tau = torch.log(tau.to(joint_p.dtype)).reshape(-1, 1)  # log 0 = -inf: every prefix passes
+    else:
+        log_tau = math.log(tau) if tau > 0 else float("-inf")
     passes = (joint_p - draft_joint_logprobs) > log_tau
     lengths = torch.arange(1, passes.shape[-1] + 1, device=passes.device)
     return torch.where(passes, lengths, torch.zeros_like(lengths)).amax(dim=-1)
+
+
+def sample_with_uniforms(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """[B] tokens drawn from the distributions ``probs`` [B, V] by inverting their CDF at ``uniforms`` [B] in
+    [0, 1): the same uniforms give the same tokens, wherever the distributions are computed."""
+    cumulative = probs.float().cumsum(dim=-1)
+    threshold = (uniforms.float() * cumulative[:, -1]).unsqueeze(-1)
+    return torch.searchsorted(cumulative, threshold, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+
+
+def mtad_verify(
+    target_logprobs: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    draft_joint_logprobs: torch.Tensor,
+    num_drafts: torch.Tensor,
+    tau: float | torch.Tensor,
+    uniforms: torch.Tensor,
+    after_all: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One MTAD verification of a batch of drafts of varying lengths: Algorithm 1, lines 6-14.
+
+    Args:
+        target_logprobs: [B, gamma, V] the target's (warped) log-probabilities at each draft position.
+        draft_tokens: [B, gamma] the drafts, padded past ``num_drafts``.
+        draft_joint_logprobs: [B, gamma] ``log q(x_1..i)`` (0 for a fixed draft: q one-hot).
+        num_drafts: [B] how many draft tokens each row has (0..gamma).
+        tau: the acceptance threshold, or one per row [B].
+        uniforms: [B] uniform numbers in [0, 1) that sample the token after an accepted prefix that is short.
+        after_all: [B] the token that follows when every draft token is accepted (sampled from the target at the
+            position after the last one, by whoever holds it).
+    Returns:
+        (kept [B]: the accepted prefix length, following [B]: the one token the target adds after it, from
+        ``p`` at position ``kept``; Algorithm 1 line 14).
+    """
+    batch, gamma = draft_tokens.shape
+    if gamma == 0:
+        return torch.zeros(batch, dtype=torch.long, device=draft_tokens.device), after_all
+    token_logp = target_logprobs.gather(-1, draft_tokens.unsqueeze(-1).long()).squeeze(-1).float()
+    real = torch.arange(gamma, device=draft_tokens.device)[None] < num_drafts[:, None]
+    token_logp = torch.where(real, token_logp, torch.full_like(token_logp, float("-inf")))
+    kept = mtad_accept_length(token_logp, draft_joint_logprobs.float(), tau)
+    rows = torch.arange(batch, device=draft_tokens.device)
+    at = kept.clamp(max=gamma - 1)
+    drawn = sample_with_uniforms(target_logprobs[rows, at].float().exp(), uniforms)
+    following = torch.where(kept < num_drafts, drawn, after_all.to(drawn.dtype))
+    return kept, following
 
 
 def beam_step(beam_scores: torch.Tensor, logprobs: torch.Tensor, width: int):

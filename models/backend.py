@@ -34,6 +34,15 @@ def load_backend(name: str) -> type:
     return getattr(importlib.import_module(module), attr)
 
 
+def loaded_by_vllm(processor: type) -> bool:
+    """True when vLLM loads this V1 logits processor class by itself: decodebench is installed, and registers it
+    under vLLM's ``vllm.logits_processors`` entry point (pyproject.toml), so every engine and ``vllm serve`` has it."""
+    from importlib.metadata import entry_points
+
+    target = f"{processor.__module__}:{processor.__name__}"
+    return any(entry.value == target for entry in entry_points(group="vllm.logits_processors"))
+
+
 def resolve_pretrained(pretrained: Any) -> tuple[Any, bool]:
     """``pretrained`` as given, or the embedded model's checkpoint when it is omitted.
 

@@ -20,9 +20,11 @@ Hooks (all optional; the defaults are plain decoding):
   ``model.generate``'s keyword arguments (logits processors), or ``hf_decode(...)`` replaces the
   decoding of a batch altogether and returns a ``DecodeOutput``; ``hf_score(...)`` computes
   per-row statistics after decoding, outside the timed window;
-- vLLM: ``vllm_logits_processors()`` names engine logits processor classes, and
+- vLLM: ``vllm_engine_args(args, pretrained)`` adjusts the engine's arguments (speculative decoding),
+  ``vllm_logits_processors()`` names engine logits processor classes, and
   ``vllm_sampling_kwargs(kwargs)`` adjusts each request's ``SamplingParams``;
-- results: ``summarize(records)`` aggregates per-request statistics of one task, and
+- results: ``summarize(records, engine)`` aggregates per-request statistics of one task (and the engine's
+  counters over it), and
   ``summary_columns(stats)`` says what a leaderboard shows of them.
 """
 
@@ -164,6 +166,10 @@ class Method:
         """Per-row statistics computed after decoding, outside the timed window (none by default)."""
         return None
 
+    def vllm_engine_args(self, args: dict[str, Any], pretrained: str) -> dict[str, Any]:
+        """The vLLM engine's arguments for this method (speculative decoding's config, ...; unchanged by default)."""
+        return args
+
     def vllm_logits_processors(self) -> list[type]:
         """vLLM logits processor classes to load into the engine (none by default)."""
         return []
@@ -172,8 +178,9 @@ class Method:
         """A request's ``SamplingParams`` keyword arguments for this method (unchanged by default)."""
         return kwargs
 
-    def summarize(self, records: list[RequestRecord]) -> dict[str, Any]:
-        """Aggregate the per-request ``method_stats`` of one task (default: sum the numeric counters)."""
+    def summarize(self, records: list[RequestRecord], engine: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Aggregate the per-request ``method_stats`` of one task (default: sum the numeric counters); ``engine``
+        holds what the inference engine's own counters did over the task, where it keeps them (vLLM)."""
         from decodebench.measure import sum_numeric_stats
 
         return sum_numeric_stats(records)

@@ -43,6 +43,7 @@ class VLLMBackend(BackendLM, VLLM):
     def __init__(self, method: Method, pretrained: Any = None, **backend_kwargs):
         self.method = method
         pretrained, self.uses_embedded_model = resolve_pretrained(pretrained)
+        backend_kwargs = method.vllm_engine_args(dict(backend_kwargs), str(pretrained))
         processors = method.vllm_logits_processors()
         if processors:
             backend_kwargs["logits_processors"] = [*backend_kwargs.get("logits_processors", []), *processors]
@@ -123,8 +124,10 @@ class VLLMBackend(BackendLM, VLLM):
                     params.append(SamplingParams(max_tokens=max_gen_toks, stop=engine_stop, **kwargs))
                     prompts.append(tokens)
                     stops.append(until)
+                before = self._engine_counters()
                 with recorder.open(task) as window:
                     outputs = self._model_generate(requests=prompts, generate=True, sampling_params=params)
+                window.engine = engine_deltas(before, self._engine_counters())
                 for output, position, until, param in zip(outputs, batch, stops, params, strict=True):
                     completion = output.outputs[0]
                     text = postprocess_generated_text(completion.text, until, self.think_end_token)
@@ -143,6 +146,26 @@ class VLLMBackend(BackendLM, VLLM):
                     results[position] = text
                     self.cache_hook.add_partial("generate_until", requests[position].args, text)
         return backend.check_complete(results)
+
+    def _engine_counters(self) -> dict[str, float] | None:
+        """The engine's own counters (speculative decoding, prefix cache), where it keeps them (log stats on)."""
+        from vllm.v1.metrics.reader import Counter, Vector
+
+        try:
+            metrics = self.model.get_metrics()
+        except Exception:  # log stats off, or an engine without them
+            return None
+        counters: dict[str, float] = {}
+        for metric in metrics:
+            if not metric.name.startswith(ENGINE_COUNTERS):
+                continue
+            name = metric.name.removesuffix("_total") + "_total"  # as /metrics names it (the served backend's)
+            if isinstance(metric, Vector):  # one counter per draft position
+                for i, value in enumerate(metric.values):
+                    counters[f"{name}[{i}]"] = counters.get(f"{name}[{i}]", 0.0) + value
+            elif isinstance(metric, Counter):  # one per label set (engine): summed, as the served backend does
+                counters[name] = counters.get(name, 0.0) + metric.value
+        return counters or None
 
     def get_model_info(self) -> dict:
         info = super().get_model_info() if hasattr(super(), "get_model_info") else {}
@@ -182,6 +205,16 @@ def cpu_kv_cache_bytes(model: str, max_model_len: int | None = None) -> int:
             "kv_cache_memory_bytes"
         )
     return wanted
+
+
+# the engine counters a task records (models read their statistics from them: MTAD's acceptance)
+ENGINE_COUNTERS = ("vllm:spec_decode_", "vllm:prefix_cache")
+
+
+def engine_deltas(before: dict | None, after: dict | None) -> dict[str, float] | None:
+    if before is None or after is None:
+        return None
+    return {name: value - before.get(name, 0.0) for name, value in after.items()}
 
 
 def _engine_kind(annotation) -> str | tuple | None:

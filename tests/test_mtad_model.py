@@ -234,3 +234,34 @@ def test_lm_eval_reports_block_efficiency_and_perplexity(tiny_checkpoint, tmp_pa
     assert proc.returncode == 0, explain(proc)
     stats = read_results(out)["config"]["decodebench"]["tasks"]["cnndm_mini"]["method"]
     assert stats["block_efficiency"] >= 1 and stats["target_perplexity"] > 1 and stats["target_calls"] > 0
+
+
+def test_a_self_draft_for_vllm_is_the_targets_first_layers_written_once(tiny_checkpoint, tmp_path, monkeypatch):
+    """draft=self:<k> on vLLM: a standalone checkpoint that computes what layer_skip_draft computes, written once
+    under DECODEBENCH_HOME and then reused; the engine gets it as a draft_model with its probabilities."""
+    from transformers import AutoModelForCausalLM
+
+    from decodebench.models.mtad.config import MTADConfig
+    from decodebench.models.mtad.vllm_engine import self_draft_checkpoint, speculative_config
+
+    monkeypatch.setenv("DECODEBENCH_HOME", str(tmp_path))
+    path = self_draft_checkpoint(str(tiny_checkpoint), 1)
+    assert path.parent == tmp_path / "drafts" and (path / "config.json").is_file()
+    written = (path / "config.json").stat().st_mtime_ns
+    assert self_draft_checkpoint(str(tiny_checkpoint), 1) == path
+    assert (path / "config.json").stat().st_mtime_ns == written  # not written again
+    target = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32)
+    saved = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    ids = torch.tensor([[1, 5, 9, 14, 3, 7]])
+    with torch.no_grad():
+        torch.testing.assert_close(saved(ids).logits, layer_skip_draft(target, 1)(ids).logits)
+    spec = speculative_config(MTADConfig(draft="self:1", mode="block"), str(tiny_checkpoint))
+    assert spec == {
+        "num_speculative_tokens": 4,
+        "method": "draft_model",
+        "model": str(path),
+        "draft_sample_method": "probabilistic",
+        "rejection_sample_method": "block",
+    }
+    assert speculative_config(MTADConfig(draft="context"), str(tiny_checkpoint))["method"] == "ngram"
+    assert speculative_config(MTADConfig(mode="target"), str(tiny_checkpoint)) is None

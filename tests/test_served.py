@@ -1,7 +1,7 @@
 """The served backend against a real `vllm serve` (vLLM's CPU build) over loopback, started by `decodebench serve`.
 
-One plain server is shared by the module; a second one, with n-gram speculative decoding, shows chunks that carry
-several tokens and is killed mid-run at the end.
+One plain server is shared by the module; a second one, speculating with a draft model, shows chunks that carry
+several tokens, verifies MTAD's requests by MTAD's rule, and is killed mid-run at the end.
 """
 
 from __future__ import annotations
@@ -18,7 +18,16 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import console_script, explain, offline_env, read_results, read_samples, results_files, run_lm_eval
+from conftest import (
+    console_script,
+    explain,
+    offline_env,
+    read_results,
+    read_samples,
+    results_files,
+    run_command,
+    run_lm_eval,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.model]
 
@@ -141,8 +150,8 @@ def test_served_answers_equal_the_in_process_engines_and_every_request_is_measur
     info = read_results(tmp_path / "served")["config"]["decodebench"]
     assert info["backend"] == "served" and info["method"] == "baseline"
     stats = info["tasks"]["squad_mini"]
-    assert stats["requests"] == int(LIMIT) and stats["ttft_s"] and stats["itl_s"] and stats["server"]
-    assert stats["server"]["peak vllm:num_requests_running"] >= 1
+    assert stats["requests"] == int(LIMIT) and stats["ttft_s"] and stats["itl_s"] and stats["engine"]
+    assert stats["engine"]["peak vllm:num_requests_running"] >= 1
     for sample in read_samples(tmp_path / "served", "squad_mini"):
         (record,) = sample["decodebench"]
         assert 0 < record["ttft_s"] < record["latency_s"]
@@ -202,6 +211,40 @@ def test_vllm_serve_switches_the_lz_penalty_on_per_request(server, embedded_chec
     assert status == 200 and len(still["choices"][0]["token_ids"]) >= 30
 
 
+def test_a_sweep_measures_method_and_baseline_at_each_load_and_the_report_draws_it(server, tmp_path):
+    """`decodebench sweep` through the real lm_eval and server: every level's runs, a paired ratio per level, and a
+    leaderboard that compares runs only at the same load and draws throughput against latency."""
+    proc = run_command(
+        [
+            *(console_script("decodebench"), "sweep", "--model", "lz", "--model-args", "pretrained=embedded"),
+            *("--base-url", server.base_url, "--concurrency", "1,4", "--tasks", "squad_mini", "--limit", "4"),
+            *("--rounds", "2", "--gen-kwargs", "max_gen_toks=16", "--out", str(tmp_path / "sweep")),
+        ],
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, explain(proc)
+    summary = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    assert set(summary) == {"1", "4"}
+    for level in ("1", "4"):
+        row = summary[level]["squad_mini"]
+        assert row["rounds"] == 2 and row["n"] == 4
+        low, high = row["throughput_ratio_interval"]
+        assert low <= row["throughput_ratio"] <= high and all(v > 0 for v in row["throughput"].values())
+        assert row["latency"]["method"]["ttft_s"]["p50"] > 0
+    for number in (1, 2):
+        for level in (1, 4):
+            for side in ("baseline", "method"):
+                assert results_files(tmp_path / "sweep" / f"round-{number}" / f"concurrency-{level}" / side)
+    assert "| 4 | squad_mini |" in (tmp_path / "sweep" / "sweep.md").read_text()
+    report = run_command(
+        [console_script("decodebench"), "report", str(tmp_path / "sweep"), "--out", str(tmp_path / "report")],
+        cwd=tmp_path,
+    )
+    assert report.returncode == 0, explain(report)
+    html = (tmp_path / "report" / "leaderboard.html").read_text()
+    assert "throughput against latency across concurrency" in html
+
+
 def test_bad_input_and_faults_say_what_happened(server, tmp_path):
     nobody = f"http://127.0.0.1:{_free_port()}/v1"
     closed = run_lm_eval(
@@ -234,8 +277,13 @@ def test_bad_input_and_faults_say_what_happened(server, tmp_path):
 
 @pytest.fixture(scope="module")
 def speculative_server(embedded_checkpoint, tmp_path_factory):
-    config = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
-    running = Server(tmp_path_factory.mktemp("speculative"), "--speculative-config", config)
+    """A server drafting with the target's first 10 layers (a draft model: q reaches the verifier), as
+    ``--model mtad --model_args backend=vllm,draft=self:10`` configures its engine."""
+    from decodebench.models.mtad.config import MTADConfig
+    from decodebench.models.mtad.vllm_engine import speculative_config
+
+    config = speculative_config(MTADConfig(draft="self:10"), str(embedded_checkpoint))
+    running = Server(tmp_path_factory.mktemp("speculative"), "--speculative-config", json.dumps(config))
     yield running
     running.stop()
 
@@ -254,13 +302,53 @@ def test_with_speculation_chunks_carry_several_tokens_and_the_counters_show_it(s
     )
     assert proc.returncode == 0, explain(proc)
     stats = read_results(tmp_path / "out")["config"]["decodebench"]["tasks"]["cnndm_mini"]
-    counters = stats["server"]
+    counters = stats["engine"]
     assert counters["vllm:spec_decode_num_drafts_total"] > 0 and counters["mean_acceptance_length"] >= 1
     records = [s["decodebench"][0] for s in read_samples(tmp_path / "out", "cnndm_mini")]
     gaps = [gap for record in records for gap in record["inter_token_s"]]
     assert len(gaps) == sum(record["new_tokens"] - 1 for record in records)
-    # a chunk of k tokens gives k equal intervals: articles repeat names, so prompt lookup lands some
+    # a chunk of k tokens gives k equal intervals: the draft (the target's own first layers) lands some
     assert any(gaps[i] == gaps[i + 1] for i in range(len(gaps) - 1)), "no chunk carried more than one token"
+
+
+def test_mtad_through_the_server_verifies_by_its_rule_and_vllms_rule_stays_for_the_rest(speculative_server, tmp_path):
+    """The same sampled requests (the untouched target, q from the draft model): with MTAD's tau = 0 every draft
+    token is accepted, which only MTAD's rule does (p / q > 0 everywhere); the baseline's requests keep vLLM's rule,
+    which rejects some. The statistics come from the server's counters."""
+    rates = {}
+    for model, extra in (("mtad", ",mode=mtad,tau=0"), ("baseline", "")):
+        args = f"backend=served,pretrained=embedded,base_url={speculative_server.base_url},num_concurrent=2{extra}"
+        proc = run_lm_eval(
+            *("--model", model, "--model_args", args, "--tasks", "cnndm_mini", "--limit", "2"),
+            *("--gen_kwargs", "do_sample=true,temperature=1.0,top_k=-1,top_p=1.0,max_gen_toks=48"),
+            *("--apply_chat_template", "--output_path", str(tmp_path / model)),
+            cwd=tmp_path,
+        )
+        assert proc.returncode == 0, explain(proc)
+        stats = read_results(tmp_path / model)["config"]["decodebench"]["tasks"]["cnndm_mini"]
+        counters = stats["engine"]
+        assert counters["vllm:spec_decode_num_drafts_total"] > 0
+        rates[model] = (
+            counters["vllm:spec_decode_num_accepted_tokens_total"] / counters["vllm:spec_decode_num_draft_tokens_total"]
+        )
+        if model == "mtad":
+            assert stats["method"]["acceptance_rate"] == rates["mtad"]
+            assert stats["method"]["acceptance_per_position"][0] == 1.0  # per position: the labelled series
+            assert sum(stats["method"]["acceptance_histogram"].values()) == stats["method"]["iterations"]
+    assert rates["mtad"] == 1.0 and rates["baseline"] < 1.0, rates
+
+
+def test_lz_through_a_server_that_speculates_says_it_was_not_applied(speculative_server, tmp_path):
+    args = f"backend=served,pretrained=embedded,base_url={speculative_server.base_url}"
+    proc = run_lm_eval(
+        *("--model", "lz", "--model_args", args, "--tasks", "cnndm_mini", "--limit", "1"),
+        *("--gen_kwargs", "max_gen_toks=24", "--apply_chat_template", "--output_path", str(tmp_path / "out")),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, explain(proc)
+    method = read_results(tmp_path / "out")["config"]["decodebench"]["tasks"]["cnndm_mini"]["method"]
+    assert "vLLM applies none in an engine that speculates" in method["not_applied"]
+    assert "LZ was not applied" in proc.stderr
 
 
 def test_a_server_killed_mid_run_fails_the_run_clearly_and_writes_no_results(speculative_server, tmp_path):

@@ -15,10 +15,20 @@ transformers backend uses ``FrequencyPenaltyLogitsProcessor`` (vLLM's definition
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from decodebench.models.lz.config import LZConfig
 from decodebench.models.method import Method
+
+log = logging.getLogger(__name__)
+
+
+# vLLM builds no custom logits processor into an engine that speculates (vllm/v1/sample/logits_processor)
+NOT_WITH_SPECULATION = (
+    "the LZ penalty is a vLLM logits processor, and vLLM applies none in an engine that speculates: leave "
+    "speculative_config out for penalty=lz (frequency and repetition penalties are vLLM's own and work there)"
+)
 
 
 class LZ(Method):
@@ -47,11 +57,17 @@ class LZ(Method):
         return kwargs
 
     # -- vLLM -----------------------------------------------------------------------------------
+    def vllm_engine_args(self, args: dict[str, Any], pretrained: str) -> dict[str, Any]:
+        if self.config.penalty == "lz" and args.get("speculative_config"):
+            raise ValueError(NOT_WITH_SPECULATION)
+        return args
+
     def vllm_logits_processors(self) -> list[type]:
-        from decodebench.models.lz.vllm_processor import LZPenaltyV1LogitsProcessor, loaded_by_vllm
+        from decodebench.models.backend import loaded_by_vllm
+        from decodebench.models.lz.vllm_processor import LZPenaltyV1LogitsProcessor
 
         # installed, decodebench registers the processor with vLLM, which loads it into every engine
-        if self.config.penalty != "lz" or loaded_by_vllm():
+        if self.config.penalty != "lz" or loaded_by_vllm(LZPenaltyV1LogitsProcessor):
             return []
         return [LZPenaltyV1LogitsProcessor]
 
@@ -66,3 +82,11 @@ class LZ(Method):
         elif config.penalty == "repetition":
             kwargs["repetition_penalty"] = config.strength
         return kwargs
+
+    def summarize(self, records, engine=None) -> dict[str, Any]:
+        summary = super().summarize(records, engine)
+        if self.config.penalty == "lz" and (engine or {}).get("vllm:spec_decode_num_drafts_total"):
+            # a served engine that speculates took the requests and dropped the penalty: say so in the results
+            summary["not_applied"] = "the server speculates: " + NOT_WITH_SPECULATION
+            log.error("LZ was not applied: %s", summary["not_applied"])
+        return summary

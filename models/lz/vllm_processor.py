@@ -42,7 +42,6 @@ EXTRA_ARGS = {
     "lz_codelength": "codelength",
     "lz_include_prompt": "include_prompt",
 }
-ENTRY_POINT_GROUP = "vllm.logits_processors"
 
 
 @dataclass
@@ -70,14 +69,6 @@ def _config(params: SamplingParams) -> LZConfig | None:
         raise ValueError(f"LZ penalty settings {sorted(settings)} without lz_penalty, which switches it on")
     config, _ = LZConfig.parse({EXTRA_ARGS[key]: value for key, value in settings.items()})
     return config
-
-
-def loaded_by_vllm() -> bool:
-    """True when vLLM loads this processor by itself (decodebench installed with its entry point)."""
-    from importlib.metadata import entry_points
-
-    target = f"{__name__}:{LZPenaltyV1LogitsProcessor.__name__}"
-    return any(entry.value == target for entry in entry_points(group=ENTRY_POINT_GROUP))
 
 
 class LZPenaltyV1LogitsProcessor(LogitsProcessor):

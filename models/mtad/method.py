@@ -16,6 +16,11 @@ code counts it; the prefill pass is not an iteration), an acceptance histogram, 
 perplexity under the target (exp of the mean negative log-likelihood of its tokens), computed
 afterwards in a separate pass outside the timed window; a task's perplexity is the mean over its
 requests, as the authors average it (the token-weighted one is reported beside it).
+
+``backend=vllm`` runs the same modes inside vLLM's engine, batched (models/mtad/vllm_engine.py: vLLM's speculative
+decoding configured per mode and draft, MTAD's rule applied by decodebench's vLLM plugin), and reads the
+acceptance statistics from the engine's counters; ``backend=served`` sends MTAD's ``tau`` with every request to a
+``vllm serve`` whose ``--speculative-config`` drafts.
 """
 
 from __future__ import annotations
@@ -36,11 +41,20 @@ from decodebench.models.rows import RowDecodingMethod, RowStop, Sampler, choose
 COUNTERS = ("target_calls", "iterations", "drafted_tokens", "accepted_tokens", "target_nll", "scored_tokens")
 
 
+def output_nll(model, prompt: torch.Tensor, tokens: list[int]) -> float:
+    """The negative log-likelihood (nats, summed) of ``tokens`` after ``prompt`` [n] under ``model``, in one pass:
+    the numerator of the output's perplexity under the target."""
+    full = torch.cat([prompt, torch.tensor(tokens, device=prompt.device, dtype=prompt.dtype)])[None]
+    logits = model(input_ids=full).logits[0, len(prompt) - 1 : -1].float()
+    return float(torch.nn.functional.cross_entropy(logits, full[0, len(prompt) :], reduction="sum"))
+
+
 class MTAD(RowDecodingMethod):
     name = "mtad"
     label = "multi-token assisted decoding (Qin et al., Algorithm 1) and its baselines"
     Config = MTADConfig
     config: MTADConfig
+    backends = ("hf", "vllm", "served")
     # Appendix F's warping when a sampling task sets no top-k/top-p of its own
     sampling_defaults: ClassVar[dict[str, Any]] = {"top_k": 20, "top_p": 0.9}
 
@@ -49,7 +63,22 @@ class MTAD(RowDecodingMethod):
         """Also the draft against the target, before anything loads: ``self:<k>`` needs k below the target's layer
         count (read from its config file alone), an infini-gram index or a draft model path must exist."""
         config, backend_class, rest = super().check_args(model_args)
-        if MODES[config.mode].uses_drafter or MODES[config.mode].uses_generate:
+        backend = model_args.get("backend")
+        if backend == "served":
+            if config.mode != "mtad":
+                raise ValueError(
+                    f"mode={config.mode}: on a served model the server's --speculative-config decides the drafts and "
+                    "vLLM's rule verifies them (measure that with --model baseline); --model mtad sends MTAD's tau "
+                    "with each request, so mode=mtad alone"
+                )
+            return config, backend_class, rest  # the draft is the server's
+        if backend == "vllm":
+            from decodebench.models.mtad.vllm_engine import check_vllm_config
+
+            check_vllm_config(config)
+        elif config.mode not in MODES:
+            raise ValueError(f"mode={config.mode} exists on vLLM only (backend=vllm); on transformers: {list(MODES)}")
+        if config.mode != "target":
             check_draft(config.draft, rest.get("pretrained"))
         return config, backend_class, rest
 
@@ -59,10 +88,33 @@ class MTAD(RowDecodingMethod):
         # (docs/benchmarks/mtad.md)
         return {"draft": "context"}
 
+    # -- vLLM: the engine speculates; the plugin applies MTAD's rule to the requests that ask --------------------
+    def vllm_engine_args(self, args: dict[str, Any], pretrained: str) -> dict[str, Any]:
+        from decodebench.models.mtad.vllm_engine import engine_args
+
+        return engine_args(self.config, args, pretrained)
+
+    def vllm_sampling_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        if self.config.mode == "mtad":
+            from decodebench.models.mtad.vllm_plugin import EXTRA_ARG
+
+            kwargs["extra_args"] = {**(kwargs.get("extra_args") or {}), EXTRA_ARG: self.config.tau}
+        return kwargs
+
     def setup(self, lm) -> None:
+        backend = getattr(lm, "backend_name", "hf")
+        if backend == "served":
+            return  # the server drafts and verifies; its plugin refuses what it cannot do, per request
+        if backend == "vllm":
+            if self.config.mode == "mtad":
+                from decodebench.models.mtad.vllm_plugin import plugin_refusal
+
+                if refusal := plugin_refusal(lm.model.llm_engine.vllm_config):
+                    raise RuntimeError(refusal)
+            return
         self.generator = torch.Generator(device=lm.device).manual_seed(self.config.seed)  # on the sampling device
         self.mode = MODES[self.config.mode](self.config)
-        self.drafter = build_drafter(self.config.draft, lm, self.config.beams) if self.mode.uses_drafter else None
+        self.drafter = build_drafter(self.config.draft, lm, self.config.beam_width) if self.mode.uses_drafter else None
 
     # -- decoding ---------------------------------------------------------------------------
     def hf_decode(self, lm, input_ids, attention_mask, *, stop, max_new_tokens, kwargs):
@@ -119,21 +171,19 @@ class MTAD(RowDecodingMethod):
             if not tokens:
                 scores.append({"target_nll": 0.0, "scored_tokens": 0})
                 continue
-            prompt = input_ids[row][attention_mask[row].bool()]
-            full = torch.cat([prompt, torch.tensor(tokens, device=prompt.device)])[None]
-            logits = lm.model(input_ids=full).logits[0, len(prompt) - 1 : -1].float()
-            nll = torch.nn.functional.cross_entropy(logits, full[0, len(prompt) :], reduction="sum")
+            nll = output_nll(lm.model, input_ids[row][attention_mask[row].bool()], tokens)
             scores.append(
-                {
-                    "target_nll": float(nll),
-                    "scored_tokens": len(tokens),
-                    "target_perplexity": math.exp(float(nll) / len(tokens)),
-                }
+                {"target_nll": nll, "scored_tokens": len(tokens), "target_perplexity": math.exp(nll / len(tokens))}
             )
         return scores
 
     # -- results ------------------------------------------------------------------------------
-    def summarize(self, records) -> dict[str, Any]:
+    def summarize(self, records, engine=None) -> dict[str, Any]:
+        from decodebench.models.mtad.vllm_engine import spec_decode_statistics
+
+        on_engine = spec_decode_statistics(engine, self.config.gamma)  # vLLM keeps the counts itself
+        if on_engine:
+            return on_engine
         totals: dict[str, Any] = dict.fromkeys(COUNTERS, 0)
         histogram: Counter = Counter()
         for rec in records:

@@ -25,7 +25,7 @@ from typing import ClassVar
 
 import torch
 
-from decodebench.kernels.mtad import mtad_accept_length, speculative_accept
+from decodebench.kernels.mtad import mtad_accept_length, mtad_verify, sample_with_uniforms, speculative_accept
 from decodebench.models.method import DecodeOutput
 from decodebench.models.mtad.config import MTADConfig
 from decodebench.models.mtad.drafts import Draft, ModelDrafter
@@ -58,30 +58,47 @@ class TargetOnly(Mode):
 
 
 class MTADAcceptance(Mode):
-    """Algorithm 1, lines 6-13: the longest prefix whose joint ratio passes ``tau``."""
+    """Algorithm 1, lines 6-14: the longest prefix whose joint ratio passes ``tau``, then one token from the
+    target (kernels/mtad.py's ``mtad_verify``, which the vLLM plugin runs too)."""
 
     name = "mtad"
-    one_hot_greedy: ClassVar[bool] = True  # decoding greedily, p is one-hot (the authors' code)
 
     def accept(self, logits, draft, sampler):
         g = len(draft.tokens)
-        if sampler is not None:
-            logp = sampler.logprobs(logits)
-        elif self.one_hot_greedy:
-            logp = one_hot_logprobs(logits)
+        # decoding greedily, p is one-hot at the target's argmax (the authors' code)
+        logp = sampler.logprobs(logits) if sampler is not None else one_hot_logprobs(logits)
+        device = logits.device
+        if sampler is None:  # one-hot p: any uniform draws the argmax
+            uniforms = torch.zeros(2, device=device)
         else:
-            logp = torch.log_softmax(logits, dim=-1)
-        token_logp = logp[torch.arange(g, device=logits.device), torch.tensor(draft.tokens, device=logits.device)]
-        joint_logq = torch.tensor(draft.joint_logq, device=logits.device, dtype=token_logp.dtype)
-        kept = int(mtad_accept_length(token_logp[None], joint_logq[None], self.config.tau)[0])
-        return kept, choose(logits[kept], sampler)
+            uniforms = torch.rand(2, generator=sampler.generator, device=device)
+        after_all = sample_with_uniforms(logp[g:].exp(), uniforms[1:])
+        kept, following = mtad_verify(
+            logp[None, :g],
+            torch.tensor([draft.tokens], device=device, dtype=torch.long).reshape(1, g),
+            torch.tensor([draft.joint_logq], device=device, dtype=logp.dtype).reshape(1, g),
+            torch.tensor([g], device=device),
+            self.config.tau,
+            uniforms[:1],
+            after_all,
+        )
+        return int(kept[0]), int(following[0])
 
 
 class MTADJointGreedy(MTADAcceptance):
-    """decodebench's earlier greedy rule (not the paper's): the untempered p against q."""
+    """decodebench's earlier greedy rule (not the paper's): the untempered p against q, then the argmax."""
 
     name = "mtad-joint-greedy"
-    one_hot_greedy = False
+
+    def accept(self, logits, draft, sampler):
+        if sampler is not None:
+            return super().accept(logits, draft, sampler)
+        g = len(draft.tokens)
+        logp = torch.log_softmax(logits, dim=-1)
+        token_logp = logp[torch.arange(g, device=logits.device), torch.tensor(draft.tokens, device=logits.device)]
+        joint_logq = torch.tensor(draft.joint_logq, device=logits.device, dtype=token_logp.dtype)
+        kept = int(mtad_accept_length(token_logp[None], joint_logq[None], self.config.tau)[0])
+        return kept, choose(logits[kept], None)
 
 
 def one_hot_logprobs(logits: torch.Tensor) -> torch.Tensor:
@@ -145,7 +162,7 @@ class AssistedGeneration(Mode):
         return DecodeOutput(tokens=rows, first_token_at=first, row_stats=[{} for _ in rows])
 
 
-# mode= -> class (the names are MTADConfig's choices)
+# mode= -> class, on transformers (MTADConfig's choices but block, which is vLLM's: models/mtad/vllm_engine.py)
 MODES = {
     cls.name: cls for cls in (MTADAcceptance, MTADJointGreedy, SpeculativeSampling, TargetOnly, AssistedGeneration)
 }
