@@ -180,3 +180,30 @@ class TestNuggetModel:
 
         with pytest.raises(ValueError, match=r"ratio must be a number >= 1 \(1 keeps every token\), got 0\.5"):
             Nugget.create({"ratio": 0.5})
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_on_the_embedded_model_a_batch_of_8_answers_as_batch_1(embedded_checkpoint, tmp_path):
+    """squad_mini and cnndm_mini through the real lm_eval, the query-aware selector at ratio 5: the same greedy
+    answers at --batch_size 8 as at 1, and the per-row cache held at decode start at least the row's own."""
+    from conftest import explain, read_results, read_samples, run_lm_eval
+
+    answers, stats = {}, {}
+    for batch in ("1", "8"):
+        out = tmp_path / f"batch-{batch}"
+        proc = run_lm_eval(
+            *("--model", "nugget", "--model_args", "pretrained=embedded,selector=query-attention,ratio=5"),
+            *("--tasks", "squad_mini,cnndm_mini", "--limit", "8", "--batch_size", batch),
+            *("--gen_kwargs", "max_gen_toks=24", "--apply_chat_template", "--output_path", str(out), "--log_samples"),
+            cwd=tmp_path,
+        )
+        assert proc.returncode == 0, explain(proc)
+        answers[batch] = {
+            t: {s["doc_id"]: s["resps"][0][0] for s in read_samples(out, t)} for t in ("squad_mini", "cnndm_mini")
+        }
+        stats[batch] = read_results(out)["config"]["decodebench"]["tasks"]["cnndm_mini"]["method"]
+    assert answers["8"] == answers["1"]
+    assert stats["8"]["compressed_requests"] == stats["1"]["compressed_requests"] == 8
+    # held per row physically: with the batch's padding, never less than a row alone holds
+    assert stats["8"]["kv_bytes_at_decode_start"] >= stats["1"]["kv_bytes_at_decode_start"]
