@@ -212,13 +212,13 @@ def test_vllm_serve_switches_the_lz_penalty_on_per_request(server, embedded_chec
 
 
 def test_a_sweep_measures_method_and_baseline_at_each_load_and_the_report_draws_it(server, tmp_path):
-    """`decodebench sweep` through the real lm_eval and server: every level's runs, a paired ratio per level, and a
-    leaderboard that compares runs only at the same load and draws throughput against latency."""
+    """`decodebench sweep` through the real lm_eval and server: every level's runs, a ratio per level (its interval
+    over rounds: tests/test_stats.py), and a leaderboard that draws throughput against latency across loads."""
     proc = run_command(
         [
             *(console_script("decodebench"), "sweep", "--model", "lz", "--model-args", "pretrained=embedded"),
             *("--base-url", server.base_url, "--concurrency", "1,4", "--tasks", "squad_mini", "--limit", "4"),
-            *("--rounds", "2", "--gen-kwargs", "max_gen_toks=16", "--out", str(tmp_path / "sweep")),
+            *("--rounds", "1", "--gen-kwargs", "max_gen_toks=16", "--out", str(tmp_path / "sweep")),
         ],
         cwd=tmp_path,
     )
@@ -227,11 +227,11 @@ def test_a_sweep_measures_method_and_baseline_at_each_load_and_the_report_draws_
     assert set(summary) == {"1", "4"}
     for level in ("1", "4"):
         row = summary[level]["squad_mini"]
-        assert row["rounds"] == 2 and row["n"] == 4
-        low, high = row["throughput_ratio_interval"]
-        assert low <= row["throughput_ratio"] <= high and all(v > 0 for v in row["throughput"].values())
+        assert row["rounds"] == 1 and row["n"] == 4 and row["throughput_ratio"] > 0
+        assert row["throughput_ratio_interval"] is None  # one round: no interval over rounds
+        assert all(v > 0 for v in row["throughput"].values())
         assert row["latency"]["method"]["ttft_s"]["p50"] > 0
-    for number in (1, 2):
+    for number in (1,):
         for level in (1, 4):
             for side in ("baseline", "method"):
                 assert results_files(tmp_path / "sweep" / f"round-{number}" / f"concurrency-{level}" / side)
