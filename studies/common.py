@@ -33,6 +33,7 @@ RUN_FILE = "run.json"
 PAGES = {
     "docs/baselines.md": "baselines",
     "docs/benchmarks/lz.md": "lz_bench",
+    "docs/benchmarks/mtad-vllm.md": "mtad_vllm_bench",
     "docs/benchmarks/overhead.md": "overhead_bench",
     "docs/benchmarks/served.md": "served_bench",
 }
@@ -59,9 +60,12 @@ NOT_RECOMPUTABLE_BANNER = "> **Not recomputable from the repository:**"
 
 
 def data_dir(doc: str | Path) -> Path:
-    """``docs/benchmarks/lz.md`` -> ``docs/data/benchmarks/lz``: where the page's data lives."""
-    doc = Path(doc) if Path(doc).is_absolute() else REPO / doc
-    return DATA / doc.resolve().relative_to(DOCS).with_suffix("")
+    """``docs/benchmarks/lz.md`` -> ``docs/data/benchmarks/lz``: where the page's data lives (a page written
+    outside docs/, e.g. ``--doc /tmp/lz.md``, keeps it beside itself: ``/tmp/data/lz``)."""
+    doc = (Path(doc) if Path(doc).is_absolute() else REPO / doc).resolve()
+    if not doc.is_relative_to(DOCS):
+        return doc.parent / "data" / doc.stem
+    return DATA / doc.relative_to(DOCS).with_suffix("")
 
 
 def save_json(folder: Path, name: str, value) -> Path:
@@ -136,7 +140,8 @@ def run_header(folder: Path, title: str, tox_env: str) -> list[str]:
     run = load_json(folder, RUN_FILE)
     minutes = f", {run['seconds'] / 60:.0f} min" if run.get("seconds", 0) >= 60 else ""
     script = run["command"].split()[1]
-    where = Path(folder).resolve().relative_to(REPO)
+    where = Path(folder).resolve()
+    where = where.relative_to(REPO) if where.is_relative_to(REPO) else where
     return [
         f"# {title}",
         "",

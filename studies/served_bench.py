@@ -106,7 +106,8 @@ def render(folder: Path) -> str:
         f"Throughput ratios over {rounds} rounds. Greedy answers need not be the same at every level: the engine "
         "computes in bfloat16 here, and a batch of another size flips a near-tie of greedy decoding now and then "
         "(the served tests compare answers in float32, where they agree with the in-process engine's). What the load "
-        "changes is how the server's batching trades time per token and to the first token for throughput.",
+        "changes is how the server's batching trades time per token and to the first token for throughput. MTAD "
+        "and vLLM's speculative decoding served at the same loads: docs/benchmarks/mtad-vllm.md.",
         "",
     ]
     if run["max_gen_toks"] <= LZ_BUFFER:
