@@ -3,7 +3,8 @@
 Served decoding is judged at the load it will carry: this command runs ``--model M`` and ``--model baseline``
 with ``backend=served`` against the same ``base_url`` at each ``--concurrency`` level, in rounds whose order
 alternates (the levels forwards, then backwards; within a level, baseline and method alternating), through the
-real ``lm_eval``. Per level it reports each side's throughput (tokens/s over the task's wall time), the method's
+real ``lm_eval``, after one untimed pass of every prompt (so that the server's prefix cache holds them for every
+timed run alike). Per level it reports each side's throughput (tokens/s over the task's wall time), the method's
 over the baseline's paired per round with its 95% bootstrap interval over rounds, TTFT, TPOT and ITL
 percentiles, the server's counters, and quality from the same generations with its paired test.
 ``decodebench report OUT`` draws throughput against latency across the levels.
@@ -25,6 +26,24 @@ def level_args(args: dict[str, str], base_url: str, level: int) -> dict[str, str
     return {**args, "backend": "served", "base_url": base_url, "num_concurrent": str(level)}
 
 
+def warm_up(base_url: str, args: dict[str, str], tasks: list[str], limit: int | None, level: int) -> None:
+    """Every prompt through the server once, one new token each, before any timed run; its results are discarded.
+
+    vLLM caches prompt prefixes by default, so without this the first timed run to meet a prompt pays its prefill
+    alone and every later run, of either side, finds it cached: the first side of round 1 would look slower."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="decodebench-warm-up-") as scratch:
+        LmEvalRun(
+            model="baseline",
+            model_args=level_args(args, base_url, level),
+            tasks=tasks,
+            output_path=Path(scratch),
+            limit=limit,
+            gen_kwargs="max_gen_toks=1",
+        ).run_or_raise("warm-up: every prompt once, untimed, so that no timed run fills the prefix cache alone")
+
+
 def run_levels(
     model: str,
     method_args: dict[str, str],
@@ -37,8 +56,10 @@ def run_levels(
     limit: int | None,
     gen_kwargs: str | None,
 ) -> dict[int, list[dict[str, Path]]]:
-    """{level: [{"baseline": results, "method": results} per round]}, taken in alternating orders."""
+    """{level: [{"baseline": results, "method": results} per round]}, taken in alternating orders after one
+    untimed warm-up pass (``warm_up``)."""
     produced: dict[int, list[dict[str, Path]]] = {level: [] for level in levels}
+    warm_up(base_url, baseline_args, tasks, limit, max(levels))
     for number in range(rounds):
         order = levels if number % 2 == 0 else levels[::-1]
         for position, level in enumerate(order):

@@ -198,6 +198,20 @@ def write_doc(doc: str | Path, text: str) -> int:
     return 0
 
 
+# what a served page says of a run collected before the studies passed every prompt through each server first
+COLD_CACHE_NOTE = (
+    "**This run predates the warm-up pass.** vLLM caches prompt prefixes: the first timed run to meet each prompt "
+    "on a server paid its prefill alone, and every later run found it cached, which favours whatever ran after "
+    "the first run of round 1 (compare the TTFT columns at 1 in flight). Rerun the study for a run that passes "
+    "every prompt through each server, untimed, before timing anything."
+)
+
+
+def ms_percentiles(values: dict | None) -> str:
+    """A request-time distribution ({"p50": s, "p90": s, "p99": s}) as "p50/p90/p99" in ms, "-" when unmeasured."""
+    return "/".join(f"{1000 * values[p]:.0f}" for p in ("p50", "p90", "p99")) if values else "-"
+
+
 def median_seconds(fn: Callable[[], object], repeats: int, synchronize: Callable[[], None] = lambda: None) -> float:
     """Median wall time of ``fn`` over ``repeats`` calls after one warm-up call."""
     fn()

@@ -22,9 +22,11 @@ import time
 from pathlib import Path
 
 from common import (
+    COLD_CACHE_NOTE,
     keep_lm_eval_run,
     load_json,
     load_study_main,
+    ms_percentiles,
     record_run,
     run_header,
     save_json,
@@ -71,12 +73,15 @@ def collect(folder: Path, argv: list[str], limit: int, rounds: int, max_gen_toks
     from contextlib import ExitStack
 
     from decodebench.runs import LmEvalRun
+    from decodebench.sweep import warm_up
 
     started = time.time()
     out_dir = Path(out).resolve()
     produced: list[tuple[Path, Path]] = []  # (lm_eval results, where its data is kept)
     with ExitStack() as servers:
         urls = {name: servers.enter_context(serving(*server_args(name))) for name in ("target", "context", "self:10")}
+        for url in urls.values():  # every prompt in each server's prefix cache before any timed run
+            warm_up(url, {"pretrained": "embedded"}, list(TASKS), limit, max(LEVELS))
         for number in range(rounds):
             levels = LEVELS if number % 2 == 0 else LEVELS[::-1]
             for position, level in enumerate(levels):
@@ -101,7 +106,9 @@ def collect(folder: Path, argv: list[str], limit: int, rounds: int, max_gen_toks
         keep_lm_eval_run(results, kept)
         if kept.parts[-3] == "sampled" and any(slug(row) == kept.name for pair in PAIRS for row in pair):
             save_json(kept, "perplexity.json", output_perplexities(results))
-    record_run(folder, __file__, argv, started, levels=list(LEVELS), limit=limit, max_gen_toks=max_gen_toks)
+    record_run(
+        folder, __file__, argv, started, levels=list(LEVELS), limit=limit, max_gen_toks=max_gen_toks, warm_up=True
+    )
 
 
 _scorer: dict = {}
@@ -191,7 +198,8 @@ def render(folder: Path) -> str:
         "tokens over the task's wall time, the mean over rounds; the ratio to target-only at the same load is "
         "paired per round with its 95% bootstrap interval over rounds; block efficiency: 1 + accepted / drafts "
         "from the server's counters (every round); quality: the task's metric (ROUGE-L, SQuAD F1) over the "
-        "documents of round 1 with its 95% t interval.",
+        "documents of round 1 with its 95% t interval; TTFT and TPOT (as `vllm bench serve` defines them) as "
+        "p50/p90/p99 over round 1's requests.",
         "",
     ]
     for decoding in DECODINGS:
@@ -200,8 +208,8 @@ def render(folder: Path) -> str:
                 f"## {task}, {decoding}",
                 "",
                 "| in flight | row | tokens/s | vs target-only [95% CI] | block efficiency | acceptance rate "
-                "| quality [95% CI] |",
-                "|---:|---|---:|---|---:|---:|---:|",
+                "| TTFT (ms) | TPOT (ms) | quality [95% CI] |",
+                "|---:|---|---:|---|---:|---:|---|---|---:|",
             ]
             for level in LEVELS:
                 base = found.get((decoding, level, "target"))
@@ -235,6 +243,7 @@ def render(folder: Path) -> str:
                     acceptance = f"{accepted / drafted:.2f}" if drafted else "-"
                     lines.append(
                         f"| {level} | {row} | {tps:.1f} | {versus} | {efficiency} | {acceptance} | "
+                        f"{ms_percentiles(measured[0].get('ttft_s'))} | {ms_percentiles(measured[0].get('tpot_s'))} | "
                         f"{quality(runs[0], task)} |"
                     )
             lines.append("")
@@ -242,6 +251,7 @@ def render(folder: Path) -> str:
         f"With {rounds} rounds, each ratio's interval rests on {rounds} paired ratios: read it as the spread of what "
         "was seen, not as a calibrated 95% interval.",
         "",
+        *([] if run.get("warm_up") else [COLD_CACHE_NOTE, ""]),
         "Why speculation stops paying as the load grows here: on a CPU the target's forward pass costs in proportion "
         "to the positions it processes, so verifying gamma + 1 positions per request costs about what as many "
         "decode steps would once the batch fills the two cores; with one request in flight a step is bound by "

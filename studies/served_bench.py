@@ -13,7 +13,16 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from common import keep_lm_eval_run, load_json, load_study_main, record_run, run_header, serving
+from common import (
+    COLD_CACHE_NOTE,
+    keep_lm_eval_run,
+    load_json,
+    load_study_main,
+    ms_percentiles,
+    record_run,
+    run_header,
+    serving,
+)
 
 DOC = "docs/benchmarks/served.md"
 LEVELS = (1, 4, 16)
@@ -41,7 +50,9 @@ def collect(folder: Path, argv: list[str], limit: int, rounds: int, max_gen_toks
         for number, files in enumerate(runs, 1):
             for side, results in files.items():
                 keep_lm_eval_run(results, folder / f"round-{number}" / f"concurrency-{level}" / side)
-    record_run(folder, __file__, argv, started, levels=list(LEVELS), limit=limit, max_gen_toks=max_gen_toks)
+    record_run(
+        folder, __file__, argv, started, levels=list(LEVELS), limit=limit, max_gen_toks=max_gen_toks, warm_up=True
+    )
 
 
 def kept(folder: Path) -> dict[int, list[dict[str, Path]]]:
@@ -64,9 +75,6 @@ def render(folder: Path) -> str:
 
     run = load_json(folder, "run.json")
     summary = summarize(kept(folder))
-
-    def percentiles(values: dict | None) -> str:
-        return "/".join(f"{1000 * values[p]:.0f}" for p in ("p50", "p90", "p99")) if values else "-"
 
     lines = [
         *run_header(folder, "Served decoding under load: the baseline and LZ through vllm serve", "served-bench"),
@@ -96,7 +104,7 @@ def render(folder: Path) -> str:
                 versus = f"{c['difference']:+.3f} [{low}, {high}] {p_text(c)}"
             latency = row["latency"][side]
             name, shown_ratio = ("LZ", ratio) if side == "method" else ("baseline", "")
-            times = " | ".join(percentiles(latency[key]) for key in ("ttft_s", "tpot_s", "itl_s"))
+            times = " | ".join(ms_percentiles(latency[key]) for key in ("ttft_s", "tpot_s", "itl_s"))
             lines.append(
                 f"| {level} | {name} | {quality} | {versus} | {row['throughput'][side]:.1f} | {shown_ratio} | {times} |"
             )
@@ -110,6 +118,8 @@ def render(folder: Path) -> str:
         "and vLLM's speculative decoding served at the same loads: docs/benchmarks/mtad-vllm.md.",
         "",
     ]
+    if not run.get("warm_up"):
+        lines += [COLD_CACHE_NOTE, ""]
     if run["max_gen_toks"] <= LZ_BUFFER:
         lines[-1:-1] = [
             "",

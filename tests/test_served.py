@@ -236,6 +236,9 @@ def test_a_sweep_measures_method_and_baseline_at_each_load_and_the_report_draws_
             for side in ("baseline", "method"):
                 assert results_files(tmp_path / "sweep" / f"round-{number}" / f"concurrency-{level}" / side)
     assert "| 4 | squad_mini |" in (tmp_path / "sweep" / "sweep.md").read_text()
+    # every prompt went through the server once before the timed runs, and that pass left no results behind
+    assert "warm-up: every prompt once, untimed" in proc.stdout
+    assert len(list((tmp_path / "sweep").glob("**/results_*.json"))) == 4
     report = run_command(
         [console_script("decodebench"), "report", str(tmp_path / "sweep"), "--out", str(tmp_path / "report")],
         cwd=tmp_path,
