@@ -17,6 +17,7 @@ import contextlib
 import json
 import platform
 import shlex
+import shutil
 import statistics
 import sys
 import time
@@ -184,7 +185,19 @@ def page(args, argv: list[str] | None, collect: Callable[[Path, list[str]], None
     then render the page from that folder alone."""
     folder = Path(args.from_data) if args.from_data else data_dir(args.doc)
     if not args.from_data:
-        collect(folder, sys.argv[1:] if argv is None else argv)
+        # a page's data is what one run collected: the previous run's is set aside, and restored if this one fails
+        previous = folder.with_name(folder.name + ".previous")
+        shutil.rmtree(previous, ignore_errors=True)
+        if folder.exists():
+            folder.rename(previous)
+        try:
+            collect(folder, sys.argv[1:] if argv is None else argv)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            if previous.exists():
+                previous.rename(folder)
+            raise
+        shutil.rmtree(previous, ignore_errors=True)
     return write_doc(args.doc, render(folder))
 
 

@@ -53,3 +53,34 @@ def test_an_edited_number_is_caught(tmp_path):
     digit = next(i for i, c in enumerate(committed) if c.isdigit() and i > committed.index("\n\n"))
     edited = committed[:digit] + str((int(committed[digit]) + 1) % 10) + committed[digit + 1 :]
     assert render(page) != edited
+
+
+def test_a_rerun_replaces_a_pages_data_and_a_failed_one_leaves_the_previous_in_place(tmp_path):
+    """A page's data folder holds one run's data: a rerun's files replace the last run's (no stale results file
+    beside the new one), and a run that fails part-way restores what was there."""
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(doc=str(tmp_path / "page.md"), from_data=None)
+    folder = common.data_dir(args.doc)
+
+    def collect_writing(name):
+        def collect(into, argv):
+            common.save_json(into, name, {"argv": argv})
+
+        return collect
+
+    def render(data):
+        return " ".join(sorted(p.name for p in data.iterdir()))
+
+    common.page(args, [], collect_writing("first.json"), render)
+    common.page(args, [], collect_writing("second.json"), render)
+    assert (tmp_path / "page.md").read_text() == "second.json"
+
+    def failing(into, argv):
+        common.save_json(into, "partial.json", {})
+        raise RuntimeError("the run stopped")
+
+    with pytest.raises(RuntimeError, match="the run stopped"):
+        common.page(args, [], failing, render)
+    assert sorted(p.name for p in folder.iterdir()) == ["second.json"]
+    assert not folder.with_name(folder.name + ".previous").exists()
