@@ -13,16 +13,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from common import (
-    COLD_CACHE_NOTE,
-    keep_lm_eval_run,
-    load_json,
-    load_study_main,
-    ms_percentiles,
-    record_run,
-    run_header,
-    serving,
-)
+import common
+from common import keep_lm_eval_run, load_json, load_study_main, record_run, run_header, serving
 
 DOC = "docs/benchmarks/served.md"
 LEVELS = (1, 4, 16)
@@ -104,7 +96,7 @@ def render(folder: Path) -> str:
                 versus = f"{c['difference']:+.3f} [{low}, {high}] {p_text(c)}"
             latency = row["latency"][side]
             name, shown_ratio = ("LZ", ratio) if side == "method" else ("baseline", "")
-            times = " | ".join(ms_percentiles(latency[key]) for key in ("ttft_s", "tpot_s", "itl_s"))
+            times = " | ".join(common.ms_percentiles(latency[key]) for key in ("ttft_s", "tpot_s", "itl_s"))
             lines.append(
                 f"| {level} | {name} | {quality} | {versus} | {row['throughput'][side]:.1f} | {shown_ratio} | {times} |"
             )
@@ -119,7 +111,7 @@ def render(folder: Path) -> str:
         "",
     ]
     if not run.get("warm_up"):
-        lines += [COLD_CACHE_NOTE, ""]
+        lines += [common.COLD_CACHE_NOTE, ""]
     if run["max_gen_toks"] <= LZ_BUFFER:
         lines[-1:-1] = [
             "",
