@@ -180,6 +180,7 @@ def quality(results: Path, task: str) -> str:
 
 
 def render(folder: Path) -> str:
+    from decodebench.models.mtad.vllm_engine import SPEC_PREFIX  # the servers' speculative-decoding counters
     from decodebench.stats import sign_flip_comparison, speed_ratio_interval
 
     run = load_json(folder, "run.json")
@@ -232,13 +233,12 @@ def render(folder: Path) -> str:
                             [m["generate_seconds"] for m in base_m[:paired]],
                         )
                         versus = f"{ratio:.2f}x [{interval.low:.2f}, {interval.high:.2f}]"
-                    drafts = sum((m.get("engine") or {}).get("vllm:spec_decode_num_drafts_total", 0) for m in measured)
-                    accepted = sum(
-                        (m.get("engine") or {}).get("vllm:spec_decode_num_accepted_tokens_total", 0) for m in measured
-                    )
-                    drafted = sum(
-                        (m.get("engine") or {}).get("vllm:spec_decode_num_draft_tokens_total", 0) for m in measured
-                    )
+
+                    def counted(name: str, measured=measured) -> float:  # a server counter summed over rounds
+                        return sum((m.get("engine") or {}).get(f"{SPEC_PREFIX}{name}_total", 0) for m in measured)
+
+                    drafts, accepted = counted("num_drafts"), counted("num_accepted_tokens")
+                    drafted = counted("num_draft_tokens")
                     efficiency = f"{1 + accepted / drafts:.2f}" if drafts else "-"
                     acceptance = f"{accepted / drafted:.2f}" if drafted else "-"
                     lines.append(
