@@ -18,6 +18,7 @@ through tox; they are not part of the installed package.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -126,7 +127,14 @@ def _train_nugget(args: argparse.Namespace) -> int:
     name = "embedded" if embedded else Path(str(pretrained).rstrip("/")).name
     out = args.out or default_checkpoint(name, settings.ratio)
     try:
-        path = train(pretrained, out, settings, corpus=args.corpus, log=lambda msg: print(msg, file=sys.stderr))
+        path = train(
+            pretrained,
+            out,
+            settings,
+            corpus=args.corpus,
+            log=lambda msg: print(msg, file=sys.stderr),
+            command=shlex.join(["decodebench", *sys.argv[1:]]),
+        )
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

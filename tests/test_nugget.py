@@ -137,14 +137,14 @@ class TestNuggetModel:
 
     def test_the_split_puts_the_question_in_the_uncompressed_tail(self, prompts):
         reqs, _ = prompts
-        model = self.nugget()
+        model = self.nugget(selector="delimiter")
         ids = model.tok_encode(reqs[0].args[0])
         n = model.method.split_point(model, ids)
         assert model.tokenizer.decode(ids[n:]).lstrip().startswith("Based on the provided document")
         assert model.method.split_point(model, model.tok_encode("no blank line here")) == 0
 
     def test_short_documents_and_prompts_without_a_split_are_left_alone(self, prompts):
-        model = self.nugget(ratio=10)
+        model = self.nugget(selector="delimiter", ratio=10)
         reqs = [
             SimpleNamespace(
                 task_name="t", doc_id=0, idx=0, args=("Tiny.\n\nWhat is it?", {"until": [], "max_gen_toks": 4})
@@ -185,15 +185,18 @@ class TestNuggetModel:
 @pytest.mark.slow
 @pytest.mark.model
 def test_on_the_embedded_model_a_batch_of_8_answers_as_batch_1(embedded_checkpoint, tmp_path):
-    """squad_mini and cnndm_mini through the real lm_eval, the query-aware selector at ratio 5: the same greedy
-    answers at --batch_size 8 as at 1, and the per-row cache held at decode start at least the row's own."""
+    """squad_mini and cnndm_mini through the real lm_eval, the shipped trained compressor (the default selector:
+    adapters and soft token) at ratio 5: the same greedy answers at --batch_size 8 as at 1, the per-row cache held
+    at decode start at least the row's own, and the results name the checkpoint by its manifest's sha256."""
     from conftest import explain, read_results, read_samples, run_lm_eval
+
+    from decodebench.models.nugget.shipped import shipped_checkpoint, verify
 
     answers, stats = {}, {}
     for batch in ("1", "8"):
         out = tmp_path / f"batch-{batch}"
         proc = run_lm_eval(
-            *("--model", "nugget", "--model_args", "pretrained=embedded,selector=query-attention,ratio=5"),
+            *("--model", "nugget", "--model_args", "pretrained=embedded,ratio=5"),
             *("--tasks", "squad_mini,cnndm_mini", "--limit", "8", "--batch_size", batch),
             *("--gen_kwargs", "max_gen_toks=24", "--apply_chat_template", "--output_path", str(out), "--log_samples"),
             cwd=tmp_path,
@@ -207,3 +210,5 @@ def test_on_the_embedded_model_a_batch_of_8_answers_as_batch_1(embedded_checkpoi
     assert stats["8"]["compressed_requests"] == stats["1"]["compressed_requests"] == 8
     # held per row physically: with the batch's padding, never less than a row alone holds
     assert stats["8"]["kv_bytes_at_decode_start"] >= stats["1"]["kv_bytes_at_decode_start"]
+    assert stats["1"]["checkpoint_sha256"] == verify(shipped_checkpoint(5), required=True)["sha256"]
+    assert stats["1"]["selector"].startswith("the paper's nugget: trained scorer + LoRA encoder/decoder")

@@ -65,7 +65,7 @@ def test_a_checkpoint_round_trips_into_nugget_and_runs_with_its_adapters(trained
     assert model.method.description.startswith("the paper's nugget: trained scorer + LoRA encoder/decoder")
     adapters = model.method.selector.adapters
     for key, value in adapters.state_dict().items():
-        torch.testing.assert_close(value, saved.tensors[key])
+        torch.testing.assert_close(value, saved.tensors[key].to(value.dtype))  # saved in bfloat16
     document = "The river Alder flows past the old bridge. It reopened on Monday after a flood. " * 3
     request = SimpleNamespace(
         task_name="t", doc_id=0, idx=0, args=(f"{document}\n\nWhat reopened?", {"until": [], "max_gen_toks": 4})
@@ -146,6 +146,60 @@ def test_a_checkpoint_that_cannot_be_trusted_is_refused_before_generation(
     if change is other_model:  # two models of the same name and sizes are still told apart in the message
         trained_for = str(error.value).split("trained for another model (")[1].split("); the model loaded now is ")
         assert trained_for[0] != trained_for[1].split(". Train one")[0]
+
+
+def test_training_writes_a_manifest_whose_sha256_the_loader_checks(trained, tiny_checkpoint, tmp_path):
+    import shutil
+
+    from decodebench.models.nugget import Nugget
+    from decodebench.models.nugget.shipped import file_sha256, manifest_path, verify
+
+    out, _, _ = trained
+    manifest = json.loads(manifest_path(out).read_text())
+    assert manifest["sha256"] == file_sha256(out) and manifest["bytes"] == out.stat().st_size
+    assert manifest["steps"] == SETTINGS.steps and manifest["seed"] == SETTINGS.seed
+    assert manifest["final_held_out_loss"] == read_checkpoint(out).training["held_out"][-1][1]
+    split = manifest["corpus_split"]
+    assert (
+        split["trained_on"] + split["held_out"] + split["dropped_for_sharing_text_with_evaluation_samples"]
+        == (split["documents"])
+    )
+    assert verify(out) == manifest
+    args = {"pretrained": str(tiny_checkpoint), "device": "cpu", "ratio": 4}
+    model = Nugget.create({**args, "selector": str(out)})
+    assert model.method.selector.record()["checkpoint_sha256"] == manifest["sha256"]
+
+    # a copy cut short, or a different checkpoint under the manifest's name, is refused before the model loads
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(out.read_bytes()[: out.stat().st_size // 2])
+    shutil.copy(manifest_path(out), manifest_path(cut))
+    swapped = write_variant(out, tmp_path / "swapped.safetensors", lambda t, m: m.update(ratio="5.0"))
+    shutil.copy(manifest_path(out), manifest_path(swapped))
+    for path in (cut, swapped):
+        with pytest.raises(CheckpointError, match="is not the file its manifest names: sha256"):
+            Nugget.create({**args, "selector": str(path), "pretrained": "/nonexistent/never/loaded"})
+
+
+def test_the_shipped_checkpoints_match_their_manifests_and_refuse_other_models(tiny_checkpoint):
+    from decodebench.models.nugget import Nugget
+    from decodebench.models.nugget.shipped import WEIGHTS_DIR, shipped_checkpoint, verify
+
+    for ratio in (5, 10):
+        path = shipped_checkpoint(ratio)
+        manifest = verify(path, required=True)
+        checkpoint = read_checkpoint(path)
+        assert checkpoint.ratio == ratio and checkpoint.has_adapters and path.stat().st_size <= 16 * 2**20
+        assert {t.dtype for t in checkpoint.tensors.values()} == {torch.bfloat16}
+        assert manifest["corpus"].startswith("Python's reference documentation") and manifest["steps"] >= 1000
+        assert manifest["command"].startswith("decodebench train-nugget") and len(manifest["revision"]) >= 40
+    assert sorted(p.name for p in WEIGHTS_DIR.glob("*.safetensors")) == [
+        "embedded-r10.safetensors",
+        "embedded-r5.safetensors",
+    ]
+    with pytest.raises(CheckpointError, match=r"no shipped checkpoint at ratio=7 \(shipped: ratio 5, 10\)"):
+        Nugget.create({"pretrained": str(tiny_checkpoint), "device": "cpu", "ratio": 7})
+    with pytest.raises(CheckpointError, match=r"embedded-r10\.safetensors was trained for another model"):
+        Nugget.create({"pretrained": str(tiny_checkpoint), "device": "cpu", "ratio": 10})  # default: trained
 
 
 def test_a_checkpoint_run_at_another_ratio_says_so(trained, tiny_checkpoint, caplog):

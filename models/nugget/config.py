@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from decodebench.kernels.nugget import check_ratio
 from decodebench.models.config import MethodConfig, at_least, option
 
-# The built-in selectors (models/nugget/selectors.py); any other value is a trained checkpoint file.
-SELECTOR_NAMES = ("delimiter", "query-attention", "streaming", "truncation", "full")
+# The built-in selectors (models/nugget/selectors.py; "trained": the checkpoint shipped for the run's ratio); any
+# other value is a trained checkpoint file.
+SELECTOR_NAMES = ("trained", "delimiter", "query-attention", "streaming", "truncation", "full")
 RENAMED = {"attention": "query-attention"}
 
 
@@ -17,10 +18,11 @@ RENAMED = {"attention": "query-attention"}
 class NuggetConfig(MethodConfig):
     ratio: float = option(10.0, "compression ratio r: the document keeps ceil(n / r) of its n tokens")
     selector: str = option(
-        "delimiter",
-        "the path of a checkpoint from `decodebench train-nugget` (the paper's method), or a built-in selector: "
-        "delimiter (training-free, query-independent stand-in), query-attention (query-aware peer, SnapKV's kin), "
-        "streaming, truncation, full",
+        "trained",
+        "trained (the paper's method: the compressor shipped for the embedded model at this ratio, 5 or 10), the "
+        "path of a checkpoint from `decodebench train-nugget` (the paper's method, for any model), or a training-free "
+        "selector: delimiter (training-free, query-independent stand-in), query-attention (query-aware peer, "
+        "SnapKV's kin), streaming, truncation, full",
     )
     adapters: bool = option(
         True,

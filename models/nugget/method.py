@@ -100,13 +100,8 @@ class Nugget(RowDecodingMethod):
 
     @classmethod
     def demo_model_args(cls) -> dict[str, Any]:
-        """The paper's method when a trained compressor for the embedded model is at its default place
-        (``decodebench train-nugget``), else the training-free stand-in; results name the selector."""
-        from decodebench.models.nugget.training import default_checkpoint
-
-        ratio = cls.Config.defaults().ratio
-        trained = default_checkpoint("embedded", ratio)
-        return {"ratio": ratio, **({"selector": str(trained)} if trained.is_file() else {})}
+        """The paper's method: the compressor shipped for the embedded model (the default selector)."""
+        return {"ratio": cls.Config.defaults().ratio}
 
     def setup(self, lm) -> None:
         self.selector.setup(lm)
@@ -177,6 +172,7 @@ class Nugget(RowDecodingMethod):
         after_prefill = [rec.method_stats["kv_bytes_at_decode_start"] for rec in records]
         summary: dict[str, Any] = {
             "selector": self.description,
+            **self.selector.record(),
             "compressed_requests": len(compressed),
             "uncompressed_requests": len(records) - len(compressed),
             "kv_bytes_at_decode_start": sum(after_prefill),

@@ -3,7 +3,8 @@
 A selector scores the document's ``n`` tokens; ``kernels.nugget.select_topk`` keeps the
 ``ceil(n / ratio)`` best (the last one always).
 
-- ``TrainedNugget``: the paper's method, a checkpoint of ``decodebench train-nugget``: its scorer
+- ``TrainedNugget``: the paper's method, a checkpoint of ``decodebench train-nugget`` (``selector=trained``: the
+  one shipped for the embedded model at the run's ratio, models/nugget/shipped.py): its scorer
   (layer 3 of the frozen model), and, unless ``adapters=false``, its encoder adapter to build the
   nuggets, its decoder adapter and soft token to read them (``adapters=false`` is the scorer-only
   ablation on the frozen model);
@@ -23,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -44,6 +46,10 @@ class Selector:
 
     def setup(self, lm) -> None:
         """Called once the model is loaded."""
+
+    def record(self) -> dict:
+        """What a results file says about the selector beyond its label (a checkpoint's identity)."""
+        return {}
 
     def scores(self, lm, document: torch.Tensor, tail: list[int]) -> torch.Tensor:
         """One score per token of ``document`` [1, n] (higher is kept first)."""
@@ -109,18 +115,22 @@ class TrainedNugget(Selector):
 
     def __init__(self, config: NuggetConfig):
         from decodebench.models.nugget.checkpoint import CheckpointError, read_checkpoint
+        from decodebench.models.nugget.shipped import file_sha256, shipped_checkpoint, verify
 
         super().__init__(config)
-        self.checkpoint = read_checkpoint(config.selector)  # the file is checked before the model loads
+        shipped = config.selector == self.name
+        self.path = shipped_checkpoint(config.ratio) if shipped else Path(config.selector)
+        # the file is checked (against its manifest's sha256, then as a checkpoint) before the model loads
+        self.manifest = verify(self.path, required=shipped)
+        self.checkpoint = read_checkpoint(self.path)
+        self.sha256 = self.manifest["sha256"] if self.manifest else file_sha256(self.path)
         if config.adapters and not self.checkpoint.has_adapters:
-            raise CheckpointError(
-                f"{config.selector} holds a scorer only (no LoRA adapters); run it with adapters=false"
-            )
+            raise CheckpointError(f"{self.path} holds a scorer only (no LoRA adapters); run it with adapters=false")
         if config.ratio != self.checkpoint.ratio:
             log.warning(
                 "%s was trained at ratio %g and runs at ratio=%g: the paper trains one compressor per ratio, so this "
                 "is not its method as trained (train one with `decodebench train-nugget --ratio %g`)",
-                config.selector,
+                self.path,
                 self.checkpoint.ratio,
                 config.ratio,
                 config.ratio,
@@ -129,8 +139,16 @@ class TrainedNugget(Selector):
     @property
     def label(self) -> str:  # type: ignore[override]
         if self.config.adapters:
-            return f"the paper's nugget: trained scorer + LoRA encoder/decoder + soft token ({self.config.selector})"
-        return f"trained scorer only, frozen model (ablation of the paper's nugget; {self.config.selector})"
+            return f"the paper's nugget: trained scorer + LoRA encoder/decoder + soft token ({self.path.name})"
+        return f"trained scorer only, frozen model (ablation of the paper's nugget; {self.path.name})"
+
+    def record(self) -> dict:
+        return {
+            "checkpoint": str(self.path),
+            "checkpoint_sha256": self.sha256,
+            "checkpoint_trained_at_ratio": self.checkpoint.ratio,
+            **({"checkpoint_command": self.manifest["command"]} if self.manifest else {}),
+        }
 
     def setup(self, lm) -> None:
         self.checkpoint.check_model(lm.model, lm.tokenizer)
@@ -194,7 +212,14 @@ def tally_received_attention(model, received: torch.Tensor, n: int):
 # selector= -> class (the names are NuggetConfig's SELECTOR_NAMES; anything else is a checkpoint file)
 SELECTORS = {
     cls.name: cls
-    for cls in (DelimiterSelector, QueryAttentionSelector, StreamingSelector, TruncationSelector, FullContext)
+    for cls in (
+        TrainedNugget,
+        DelimiterSelector,
+        QueryAttentionSelector,
+        StreamingSelector,
+        TruncationSelector,
+        FullContext,
+    )
 }
 
 

@@ -106,6 +106,17 @@ def split_corpus(documents: list[str]) -> tuple[list[str], list[str], int]:
     return training, held, len(documents) - len(kept)
 
 
+def corpus_split(documents: list[str], training: list[str], held: list[str], dropped: int) -> dict:
+    """What a manifest says about the corpus: how many documents trained, were held out, were dropped."""
+    return {
+        "documents": len(documents),
+        "dropped_for_sharing_text_with_evaluation_samples": dropped,
+        "held_out": len(held),
+        "held_out_rule": "sha256 of the document's text, first byte < 8 (about 3%)",
+        "trained_on": len(training),
+    }
+
+
 class Windows:
     """Random (compressed part, continuation) token windows from tokenized documents."""
 
@@ -209,10 +220,15 @@ def train(
     model_name: str | None = None,
     log: Callable[[str], None] = print,
     progress: bool = True,
+    command: str = "decodebench train-nugget (from Python)",
 ) -> Path:
-    """Train (or resume training) and save the checkpoint at ``out``; returns its path."""
+    """Train (or resume training) and save the checkpoint at ``out`` with its manifest beside it
+    (models/nugget/shipped.py: ``command``, the corpus split, the losses, the revision, the sha256); returns its
+    path."""
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from decodebench.models.nugget.shipped import write_manifest
 
     settings = settings or TrainingSettings()
     settings.check()
@@ -284,6 +300,7 @@ def train(
     training["steps_done"] = settings.steps
     path = save_checkpoint(out, scorer, adapters, model_identity(model, tokenizer), settings.ratio, training)
     (out.with_name(out.name + ".log.json")).write_text(json.dumps(record, indent=1))
+    write_manifest(path, command, corpus_split(documents, training_docs, held_docs, dropped), torch.get_num_threads())
     first, last = record["held_out"][0][1], record["held_out"][-1][1]
     log(
         f"saved {path}: held-out loss {first:.3f} -> {last:.3f} "

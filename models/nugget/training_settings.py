@@ -14,7 +14,7 @@ LORA_RANK = 32
 @dataclass(frozen=True)
 class TrainingSettings:
     ratio: float = 10.0
-    steps: int = 1500
+    steps: int = 1200  # the shipped checkpoints' (models/nugget/weights/)
     context: int = 256  # longest compressed part (the paper: 512)
     continuation: int = 64  # continued part (the paper: up to 128)
     lr: float = 5e-4
