@@ -1,51 +1,66 @@
-"""The nugget study: how much quality a document kept as 1/ratio of its tokens retains, on real data.
+"""The nugget study: how much quality a document kept as 1/ratio of its tokens retains, on real data, and what
+the smaller cache buys in throughput when many rows decode together.
 
-``tox -e kvpress,nugget-study`` (``python studies/nugget_study.py``) runs ``lm_eval --model nugget``
-with the embedded model on squad_mini (500 real SQuAD v1.1 dev questions) and cnndm_mini (100
-real CNN/DailyMail test articles) at each ratio (5 and 10): full context once, then the paper's
-method (a ``decodebench train-nugget`` checkpoint: scorer + LoRA encoder/decoder + soft token,
-trained first if none is given), its scorer alone on the frozen model, the training-free
-delimiter stand-in, and the peers truncation, StreamingLLM and query-aware attention (SnapKV's
-kin); with ``--kvpress-python`` also kvpress's SnapKV, observed-attention and StreamingLLM presses
-on the same documents in that interpreter (kvpress needs transformers<5.3: ``tox -e kvpress``).
+``tox -e nugget-study`` (``python studies/nugget_study.py``; ``tox -e kvpress,nugget-study`` adds kvpress's
+presses) runs ``lm_eval --model nugget`` with the embedded model on squad_mini (500 real SQuAD v1.1 dev
+questions) and cnndm_mini (100 real CNN/DailyMail test articles) at each ratio (5 and 10): full context once,
+then the paper's method (``selector=trained``: the compressor shipped for that ratio, models/nugget/weights/),
+its scorer alone on the frozen model, the training-free delimiter stand-in, and the peers truncation,
+StreamingLLM and query-aware attention (SnapKV's kin); with ``--kvpress-python`` also kvpress's SnapKV,
+observed-attention and StreamingLLM presses on the same documents in that interpreter (kvpress needs
+transformers<5.3: ``tox -e kvpress``).
 
-For every row: the score with its 95% interval (Wilson for 0/1 accuracy, bootstrap for ROUGE),
-the share of full context's score, the paired difference against full context on the same
-documents (McNemar's exact test for accuracy, paired bootstrap for ROUGE), the compression
-achieved, the document's KV bytes per row, time to first token (p50) and peak memory. It writes
-docs/nugget-study.md.
+For every row: the score with its 95% interval (Wilson for 0/1 accuracy, Student's t for ROUGE), the share of
+full context's score, the paired difference against full context on the same documents (McNemar's exact test
+for accuracy, the paired sign-flip test for ROUGE), the compression achieved, the document's KV bytes per row,
+time to first token (p50) and peak memory; then the trained method against every peer at each ratio, paired.
+
+Throughput: full context and the trained method (ratio 10) at batch 1, 8 and 32 on the same squad_mini questions, in
+interleaved rounds (the order alternating each round); tokens/s, the ratio to full context at the same batch
+paired per round, the KV cache each row holds, and the largest batch whose KV cache fits a fixed budget.
+
+Every run's results and per-document scores are kept in docs/data/nugget-study/; ``--from`` renders the page
+from them alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import shutil
 import statistics
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
-from common import doc_parser, task_docs, write_doc
+from common import doc_parser, keep_lm_eval_run, load_json, page, record_run, run_header, save_json, task_docs
 from kvpress_peers import PRESSES
 
 from decodebench.runs import LmEvalRun, offline_env
 
 TASKS = {"squad_mini": ("normalized_accuracy", "accuracy"), "cnndm_mini": ("rougeLsum", "ROUGE-Lsum")}
 OURS = ("trained", "scorer only", "delimiter", "truncation", "streaming", "query-attention")
+THROUGHPUT_TASK = "squad_mini"
 
 
-def selector_args(selector: str, checkpoint: Path) -> dict[str, str]:
-    if selector == "trained":
-        return {"selector": str(checkpoint)}
+def selector_args(selector: str) -> dict[str, str]:
     if selector == "scorer only":
-        return {"selector": str(checkpoint), "adapters": "false"}
+        return {"selector": "trained", "adapters": "false"}
     return {"selector": selector}
 
 
+def label(name: str, ratio: float | None) -> str:
+    return name + (f" @ {ratio:g}" if ratio else "")
+
+
+def folder_name(name: str, ratio: float | None) -> str:
+    return label(name, ratio).replace(" ", "-").replace("@", "r")
+
+
 class Row:
-    """One (selector, ratio) run, read back per document."""
+    """One (selector, ratio) run, read back per document from its kept lm_eval results."""
 
     def __init__(
         self,
@@ -65,7 +80,6 @@ class Row:
         self.achieved: dict[str, float | None] = {}
         self.peak_memory: dict[str, int | None] = {}
         self.machines: dict[str, dict] = {}  # per task: a row's tasks may have run on different machines
-        self.outputs: dict[str, dict[int, str]] = {}  # per task: doc_id -> the generation lm_eval scored
         for path in results:
             self._read_lm_eval(path)
         if press is not None:
@@ -95,77 +109,66 @@ class Row:
             summary = result.measurement or {}
             self.achieved[task] = (summary.get("method") or {}).get("achieved_ratio")
             self.peak_memory[task] = summary.get("peak_memory_bytes")
-            ttft, kv, outputs = [], [], {}
+            ttft, kv = [], []
             for line in result.samples_file.read_text().splitlines():
-                sample = json.loads(line)
-                outputs[sample["doc_id"]] = sample["filtered_resps"][0]
-                for record in sample.get("decodebench", []):
+                for record in json.loads(line).get("decodebench", []):
                     if record.get("ttft_s") is not None:
                         ttft.append(record["ttft_s"])
                     stats = record.get("method_stats", {})
                     kv.append(stats.get("document_kv_bytes_kept", stats.get("kv_bytes_at_decode_start", 0)))
-            self.ttft[task], self.kv_bytes[task], self.outputs[task] = ttft, kv, outputs
+            self.ttft[task], self.kv_bytes[task] = ttft, kv
 
 
-def run_lm_eval(
-    out: Path, name: str, ratio: float | None, args: dict, limits: dict[str, int | None], missing: list | None = None
-) -> Row:
-    """One lm_eval run per task, so that each task can have its own --limit. With a ``missing`` list,
-    nothing new runs: a run not found is named there and its row left out of that task's table."""
-    label = f"{name}" + (f" @ {ratio:g}" if ratio else "")
-    paths = []
-    for task, limit in limits.items():
-        folder = out / label.replace(" ", "-").replace("@", "r") / f"{task}-limit{limit or 'all'}"
-        existing = sorted(folder.glob("**/results_*.json"))
-        if existing:  # a rerun of the study reuses finished runs (delete the folder to redo one)
-            print(f"{label}, {task}: reusing {existing[-1]}", flush=True)
-            paths.append(existing[-1])
-            continue
-        if missing is not None:
-            missing.append(f"{label} on {task}")
-            continue
-        run = LmEvalRun(
-            model="nugget",
-            model_args={"pretrained": "embedded", **args, **({"ratio": f"{ratio:g}"} if ratio else {})},
-            tasks=[task],
-            output_path=folder,
-            limit=limit,
-        )
-        paths.append(run.run_or_raise(f"{label}, {task}"))
-    return Row(name, ratio, paths)
+def run_lm_eval(out: Path, name: str, ratio: float | None, args: dict, task: str, limit: int | None, batch: int):
+    """One lm_eval run (reused when a finished one is under ``out``: delete its folder to redo it)."""
+    folder = out / folder_name(name, ratio) / f"{task}-limit{limit or 'all'}-batch{batch}"
+    existing = sorted(folder.glob("**/results_*.json"))
+    if existing:
+        print(f"{label(name, ratio)}, {task}: reusing {existing[-1]}", flush=True)
+        return existing[-1]
+    run = LmEvalRun(
+        model="nugget",
+        model_args={"pretrained": "embedded", **args, **({"ratio": f"{ratio:g}"} if ratio else {})},
+        tasks=[task],
+        output_path=folder,
+        limit=limit,
+        batch_size=batch,
+    )
+    return run.run_or_raise(f"{label(name, ratio)}, {task}")
 
 
-def kvpress_rows(out: Path, kvpress_python: str, checkpoint: str, ratio: float, limits, missing=None) -> list[Row]:
-    """kvpress's presses at ``ratio``: one kvpress process per task, its file named by the task and its limit so
-    that a rerun with other limits never reuses it. A press that cannot apply to some documents runs on the
-    others; its row names those left out and kvpress's reason."""
-    per_press: dict[str, dict] = {}
-    reasons: dict[str, str] = {}
+def kvpress_peers(out: Path, kvpress_python: str, model_path: str, ratio: float, limits) -> dict[str, dict]:
+    """kvpress's presses at ``ratio``, one kvpress process per task: {task: the peers file's content}."""
+    found = {}
     for task, limit in limits.items():
         peers_file = out / f"kvpress-r{ratio:g}" / f"{task}-limit{limit or 'all'}.json"
         if not peers_file.is_file():
-            if missing is not None:  # --reuse-only
-                missing.append(f"kvpress presses @ {ratio:g} on {task}")
-                continue
             items_file = peers_file.with_suffix(".items.json")
             items_file.parent.mkdir(parents=True, exist_ok=True)
             items_file.write_text(json.dumps(kvpress_items({task: limit})))
             command = [
                 *(kvpress_python, str(Path(__file__).with_name("kvpress_peers.py")), "--skip-refused"),
-                *("--checkpoint", checkpoint, "--ratio", str(ratio), "--items", str(items_file)),
+                *("--checkpoint", model_path, "--ratio", str(ratio), "--items", str(items_file)),
                 *("--out", str(peers_file)),
             ]
             print(f"\nkvpress presses @ {ratio:g} on {task}: {' '.join(command)}", flush=True)
             if subprocess.call(command, env=offline_env()) != 0:
                 raise SystemExit("the kvpress run failed; see its output above")
+        found[task] = json.loads(peers_file.read_text())
+    return found
+
+
+def kvpress_rows(folder: Path, ratio: float) -> list[Row]:
+    """The kept kvpress peers at ``ratio`` as rows; a press that could not apply to some documents names them."""
+    per_press: dict[str, dict] = {}
+    reasons: dict[str, str] = {}
+    for peers_file in sorted((folder / "kvpress" / f"r{ratio:g}").glob("*.json")):
         peers = json.loads(peers_file.read_text())
         for press in PRESSES:
             if press in peers:
                 per_press.setdefault(press, {}).update(peers[press])
                 if press in peers.get("left_out", {}):
                     reasons[press] = peers["left_out"][press]
-            elif missing is not None:
-                missing.append(f"kvpress {press} @ {ratio:g} on {task} (not in {peers_file.name})")
     return [
         Row(f"kvpress {press}", ratio, press=per_press[press], left_out_reason=reasons.get(press))
         for press in PRESSES
@@ -199,100 +202,174 @@ def kvpress_items(limits: dict[str, int | None]) -> list[dict]:
     return items
 
 
-def run_study(
-    out: str | Path,
-    doc: str | Path,
-    ratios: list[float],
-    limits: dict[str, int | None],
-    checkpoint: str | None,
-    kvpress_python: str | None,
-    corpus: str | None,
-    selectors: tuple[str, ...] = OURS,
-    reuse_only: bool = False,
-    cross_check: str | None = None,
-) -> int:
+# -- collecting ----------------------------------------------------------------------------------------------------
+def collect(folder: Path, argv: list[str], args) -> None:
     from decodebench.embedded import ensure_embedded_model
-    from decodebench.models.nugget.checkpoint import read_checkpoint
-    from decodebench.models.nugget.training import default_checkpoint, train
+    from decodebench.models.nugget.shipped import shipped_checkpoint, verify
 
-    out = Path(out).resolve()
     started = time.time()
+    out = Path(args.out).resolve()
     model_path = str(ensure_embedded_model(log=print))
-    trained = Path(checkpoint) if checkpoint else default_checkpoint("embedded", 10)
-    if not trained.is_file():
-        print(f"training the nugget compressor -> {trained}", flush=True)
-        train(model_path, trained, corpus=corpus)
-    training = read_checkpoint(trained).training
-    missing: list[str] | None = [] if reuse_only else None
-    rows = [run_lm_eval(out, "full", None, {"selector": "full"}, limits, missing)]
+    ratios = set(args.ratios) if {"trained", "scorer only"} & set(args.selectors) else set()
+    ratios |= {args.throughput_ratio} if args.rounds else set()
+    checkpoints = {f"{r:g}": verify(shipped_checkpoint(r), required=True) for r in sorted(ratios)}
+    save_json(folder, "checkpoints.json", checkpoints)
+    runs = [("full", None)] + [(name, ratio) for ratio in args.ratios for name in args.selectors]
+    for name, ratio in runs:
+        for task, limit in args.limit.items():
+            args_ = selector_args(name) if name != "full" else {"selector": "full"}
+            results = run_lm_eval(out, name, ratio, args_, task, limit, args.batch_size)
+            keep_lm_eval_run(results, folder / "runs" / folder_name(name, ratio) / task)
+    if args.kvpress_python:
+        for ratio in args.ratios:
+            for task, peers in kvpress_peers(out, args.kvpress_python, model_path, ratio, args.limit).items():
+                save_json(folder / "kvpress" / f"r{ratio:g}", f"{task}.json", peers)
+    if args.rounds:
+        save_json(folder, "throughput.json", measure_throughput(out / "throughput", args))
+    record_run(folder, __file__, argv, started, quality_batch_size=args.batch_size)
+
+
+def measure_throughput(out: Path, args) -> dict:
+    """Full context and the trained method at each batch size on the same questions, in rounds whose order
+    alternates; every run's tokens, seconds, memory and KV per row."""
+    from decodebench.reports.reader import read_run
+
+    shutil.rmtree(out, ignore_errors=True)  # timings are never reused from another run of the study
+    sides = [("full", None), ("trained", args.throughput_ratio)]
+    runs = []
+    for round_ in range(args.rounds):
+        for batch in args.batches:
+            order = sides if (round_ + args.batches.index(batch)) % 2 == 0 else sides[::-1]
+            for name, ratio in order:
+                args_ = {"selector": "full"} if name == "full" else {"selector": "trained"}
+                folder = out / f"round{round_}" / f"batch{batch}" / folder_name(name, ratio)
+                run = LmEvalRun(
+                    model="nugget",
+                    model_args={"pretrained": "embedded", **args_, **({"ratio": f"{ratio:g}"} if ratio else {})},
+                    tasks=[THROUGHPUT_TASK],
+                    output_path=folder,
+                    limit=args.throughput_limit,
+                    batch_size=batch,
+                    gen_kwargs=f"max_gen_toks={args.throughput_max_gen_toks}",
+                    log_samples=False,
+                )
+                measured = (
+                    read_run(run.run_or_raise(f"throughput {label(name, ratio)} batch {batch}"))
+                    .tasks[THROUGHPUT_TASK]
+                    .measurement
+                )
+                method = measured["method"]
+                runs.append(
+                    {
+                        "round": round_,
+                        "batch": batch,
+                        "selector": name,
+                        "ratio": ratio,
+                        "requests": measured["requests"],
+                        "prompt_tokens": measured["prompt_tokens"],
+                        "new_tokens": measured["new_tokens"],
+                        "seconds": measured["generate_seconds"],
+                        "peak_memory_bytes": measured["peak_memory_bytes"],
+                        "kv_bytes_at_decode_start": method["kv_bytes_at_decode_start"],
+                        "achieved_ratio": method.get("achieved_ratio"),
+                    }
+                )
+    return {
+        "task": THROUGHPUT_TASK,
+        "limit": args.throughput_limit,
+        "batches": args.batches,
+        "rounds": args.rounds,
+        "max_gen_toks": args.throughput_max_gen_toks,
+        "kv_budget_mib": args.kv_budget_mib,
+        "runs": runs,
+    }
+
+
+# -- rendering -----------------------------------------------------------------------------------------------------
+def read_rows(folder: Path) -> tuple[list[Row], list[float]]:
+    runs = folder / "runs"
+    rows, ratios = [], []
+    for run_folder in sorted(runs.iterdir(), key=lambda p: (p.name != "full", p.name)):
+        prefix, _, ratio = run_folder.name.partition("-r-")
+        name = {folder_name(known, None): known for known in ("full", *OURS)}[prefix]
+        ratio_value = float(ratio) if ratio else None
+        if ratio_value and ratio_value not in ratios:
+            ratios.append(ratio_value)
+        rows.append(Row(name, ratio_value, [next(t.glob("results_*.json")) for t in sorted(run_folder.iterdir())]))
+    ratios.sort()
+    order = {name: i for i, name in enumerate(OURS)}
+    full = [r for r in rows if r.name == "full"]
+    ours = sorted((r for r in rows if r.name != "full"), key=lambda r: (r.ratio, order.get(r.name, len(order))))
+    by_ratio = []
     for ratio in ratios:
-        for name in selectors:
-            rows.append(run_lm_eval(out, name, ratio, selector_args(name, trained), limits, missing))
-        if kvpress_python:
-            rows += kvpress_rows(out, kvpress_python, model_path, ratio, limits, missing)
-    text = report(rows, ratios, limits, training, trained, time.time() - started, bool(kvpress_python))
-    if cross_check:
-        text += "\n" + "\n".join(across_machines(rows, Path(cross_check).resolve(), limits)) + "\n"
-    if skipped := [name for name in OURS if name not in selectors]:
-        text += f"Rows not run this time (--selectors): {', '.join(skipped)}.\n"
-    if missing:
-        text += f"Runs not found and left out (--reuse-only): {', '.join(missing)}.\n"
-
-    return write_doc(doc, text)
+        by_ratio += [r for r in ours if r.ratio == ratio] + kvpress_rows(folder, ratio)
+    return full + by_ratio, ratios
 
 
-def report(rows: list[Row], ratios, limits, training: dict, checkpoint: Path, seconds: float, kvpress: bool) -> str:
+def render(folder: Path) -> str:
     from decodebench.measure.machine import short_name
+    from decodebench.metrics.kinds import is_binary_metric, metric_range
     from decodebench.stats import paired_comparison, quality_interval
 
+    rows, ratios = read_rows(folder)
+    run = load_json(folder, "run.json")
+    checkpoints = load_json(folder, "checkpoints.json")
     full = rows[0]
-    held = training.get("held_out") or [[0, float("nan")]]
-    settings = training.get("settings", {})
-    lines = [
-        f"# Nugget study: quality kept at ratio{'s' if len(ratios) > 1 else ''} "
-        + " and ".join(f"{r:g}" for r in ratios)
-        + " on the embedded model",
-        "",
-        f"Written by `python studies/nugget_study.py{''.join(' ' + a for a in sys.argv[1:])}` "
-        "(`tox -e kvpress,nugget-study`) on "
-        f"{datetime.now(UTC):%Y-%m-%d} ({seconds / 60:.0f} min of new runs), machines of the runs: "
-        f"{'; '.join(sorted({short_name(m) for row in rows for m in row.machines.values()}))} (each row's in its "
-        "table).",
-        "",
-        "- model: the embedded SmolLM2-135M-Instruct, greedy, chat template, batch 1; tasks: squad_mini (real SQuAD "
-        "v1.1 dev questions, the paper's normalized accuracy) and cnndm_mini (real CNN/DailyMail test articles in "
-        "their original casing, ROUGE-Lsum)"
-        + "".join(f", {task} --limit {limit}" for task, limit in limits.items() if limit),
+    lines = run_header(
+        folder,
+        f"Nugget study: quality kept at ratio{'s' if len(ratios) > 1 else ''} "
+        + " and ".join(f"{r:g}" for r in ratios),
+        "nugget-study",
+    )
+    limits = {task: len(full.scores[task]) for task in TASKS if task in full.scores}
+    trained_lines = []
+    for ratio, manifest in sorted(checkpoints.items(), key=lambda item: float(item[0])):
+        held = manifest["held_out_loss"]
+        split = manifest["corpus_split"]
+        trained_lines.append(
+            f"  - ratio {ratio}: `{manifest['file']}` (sha256 {manifest['sha256'][:12]}...), `{manifest['command']}`: "
+            f"{manifest['steps']} steps on {manifest['corpus']} ({split['trained_on']} documents; {split['held_out']} "
+            f"held out; {split['dropped_for_sharing_text_with_evaluation_samples']} dropped for sharing text with the "
+            f"evaluation samples), held-out loss {held[0][1]:.3f} -> {held[-1][1]:.3f}, trained on "
+            f"{manifest['machine']}"
+        )
+    kvpress = any(row.name.startswith("kvpress") for row in rows)
+    names = {row.name for row in rows}
+    lines += [
+        f"- model: the embedded SmolLM2-135M-Instruct, greedy, chat template, batch {run['quality_batch_size']} "
+        "(greedy answers equal batch 1's: tests/test_nugget.py); tasks: squad_mini (real SQuAD v1.1 dev questions, "
+        "the paper's normalized accuracy) and cnndm_mini (real CNN/DailyMail test articles in their original casing, "
+        "ROUGE-Lsum)" + "".join(f", {task} n = {n}" for task, n in limits.items()),
         "- the document (before the prompt's last blank line) keeps ceil(n / ratio) tokens; the question or "
         "instruction stays uncompressed",
-        f"- `trained` is the paper's method: `decodebench train-nugget` checkpoint `{checkpoint.name}` (scorer on "
-        f"layer {settings.get('layer', 3)} + LoRA rank {settings.get('rank', 32)} encoder and decoder + soft token, "
-        f"straight-through estimator), {training.get('steps_done', '?')} steps at ratio {settings.get('ratio', '?')} "
-        f"on {training.get('corpus', '?')} ({training.get('dropped_documents', '?')} documents dropped for sharing "
-        f"text with the evaluation samples); held-out loss {held[0][1]:.3f} -> {held[-1][1]:.3f}. The same "
-        "checkpoint runs at every ratio. `scorer only` is its scorer on the frozen model (an ablation); `delimiter` is "
-        "the training-free, query-independent stand-in; `query-attention` (query-aware, SnapKV's kin), "
-        "`truncation` and `streaming` (StreamingLLM, 4 sinks) are peers",
-        "- interval: 95% (Wilson for accuracy, bootstrap for ROUGE); vs full: paired on the same documents "
-        "(McNemar exact for accuracy, paired bootstrap for ROUGE); KV: the document's kept key/value bytes per row; "
-        "TTFT: p50 over rows; peak memory: the task's largest window growth (resident memory on a CPU, the CUDA "
-        "allocator's peak on a GPU). TTFT and memory come from runs that shared their machine with other rows: "
-        "indicative only, and not comparable across machines; the scores are comparable (see Across machines)",
-        "- kvpress rows: kvpress's own text-generation pipeline (chat template, greedy), the press compressing the "
-        "prompt's document with its template header, as `--model nugget` does; their KV, TTFT and memory come from "
-        "a second pass of the same press on each document that stops at the first answer token (the KV read from "
-        "the compressed cache), since the scored pass is kvpress's pipeline untouched",
+        "- `trained` is the paper's method as shipped (`--model nugget`, `selector=trained`, the default): scorer on "
+        "layer 3 + LoRA rank 32 encoder and decoder + soft token, straight-through estimator, zero-shot (plain text "
+        "split into a part to compress and a part to continue), one checkpoint per ratio, models/nugget/weights/:",
+        *trained_lines,
+        (
+            "- `scorer only` is the shipped scorer on the frozen model (an ablation); "
+            if "scorer only" in names
+            else "- "
+        )
+        + "`delimiter` is the training-free, query-independent stand-in; `query-attention` (query-aware, SnapKV's "
+        "kin), `truncation` and `streaming` (StreamingLLM, 4 sinks) are the training-free peers",
+        "- interval: 95% (Wilson with continuity correction for accuracy, Student's t for ROUGE); vs full: paired on "
+        "the same documents (McNemar exact for accuracy, the paired sign-flip permutation test for ROUGE, with the "
+        "interval each implies); KV: the document's kept key/value bytes per row; TTFT: p50 over rows; peak memory: "
+        "the task's largest window growth (resident memory on a CPU). TTFT and memory here come from batched runs "
+        "that shared the machine: indicative only; the throughput section below measures speed properly",
         "",
     ]
-    for task, (_, label) in TASKS.items():
+    for task, (metric, metric_label) in TASKS.items():
         reference = full.scores.get(task, {})
         if not reference:
             continue
+        kind = {"binary": is_binary_metric(metric), "bounds": metric_range(metric)}
         notes = []
         lines += [
-            f"## {task} ({label}, n = {len(reference)})",
+            f"## {task} ({metric_label}, n = {len(reference)})",
             "",
-            f"| selector | ratio | {label} [95% CI] | share of full | vs full: difference [95% CI], p "
+            f"| selector | ratio | {metric_label} [95% CI] | share of full | vs full: difference [95% CI], p "
             "| achieved ratio | document KV / row (KiB) | TTFT p50 (s) | peak memory (MiB) | machine |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
@@ -304,11 +381,11 @@ def report(rows: list[Row], ratios, limits, training: dict, checkpoint: Path, se
             mean = statistics.mean(values.values())
             # a row on fewer documents (a press left some out) is set against full context on the same ones
             base = statistics.mean(reference[d] for d in shared)
-            interval, _ = quality_interval(list(values.values()))
+            interval, _ = quality_interval(list(values.values()), **kind)
             if row is full:
                 versus = "-"
             else:
-                paired = paired_comparison([values[d] for d in shared], [reference[d] for d in shared])
+                paired = paired_comparison([values[d] for d in shared], [reference[d] for d in shared], **kind)
                 versus = (
                     f"{paired.difference:+.3f} [{paired.interval.low:+.3f}, {paired.interval.high:+.3f}], "
                     f"p = {paired.p_value:.3g}"
@@ -337,82 +414,117 @@ def report(rows: list[Row], ratios, limits, training: dict, checkpoint: Path, se
             )
         lines += ["", *notes, *([""] if notes else [])]
     if not kvpress:
-        lines += ["kvpress presses: not run (pass --kvpress-python; `tox -e kvpress,nugget-study` does).", ""]
-    lines += goals(rows, full, ratios)
+        lines += [
+            "kvpress presses: not run this time (`--kvpress-python .tox/kvpress/bin/python` runs them; the previous "
+            "study's kvpress rows, not recomputable, are in git history: docs/nugget-study.md before this page).",
+            "",
+        ]
+    lines += against_peers(rows, ratios)
+    if (folder / "throughput.json").is_file():
+        lines += throughput_section(load_json(folder, "throughput.json"))
     lines += [
         "Paper anchors (LLaMA-2-7B-chat, zero-shot, trained on the Pile): SQuAD accuracy full 64.5, 5x 59.1 (92%), "
         "10x 49.8 (77%).",
         "",
-        "What the compressor learned, on its own training objective (held-out continuation loss per selector) and "
-        "on where squad_mini's answers lie among the kept tokens: docs/nugget-objective.md (`tox -e "
-        "nugget-objective`).",
+        "What the compressor learns on its own objective (held-out continuation loss per selector) and where "
+        "squad_mini's answers lie among the kept tokens: docs/nugget-objective.md (`tox -e nugget-objective`).",
         "",
     ]
     return "\n".join(lines)
 
 
-def across_machines(rows: list[Row], other_out: Path, limits: dict[str, int | None]) -> list[str]:
-    """The same runs repeated on another machine (finished runs under ``other_out``): do they generate the
-    same text? Greedy decoding can differ with a backend's numerics; the study mixes machines only if not."""
-    from decodebench.measure.machine import short_name
-
-    lines = ["## Across machines", "", f"The same runs repeated under `{other_out.name}`, document by document:", ""]
-    for row in (row for row in rows if row.outputs):  # kvpress rows keep scores only
-        other = run_lm_eval(other_out, row.name, row.ratio, {}, limits, missing=[])
-        for task, outputs in row.outputs.items():
-            repeated = other.outputs.get(task)
-            if not repeated or short_name(other.machines[task]) == short_name(row.machines[task]):
-                continue
-            shared = sorted(set(outputs) & set(repeated))
-            identical = sum(outputs[d] == repeated[d] for d in shared)
-            mean, again = (statistics.mean(r.scores[task][d] for d in shared) for r in (row, other))
-            lines.append(
-                f"- {row.name}{f' @ {row.ratio:g}' if row.ratio else ''} on {task}: {identical} / {len(shared)} "
-                f"generations identical between {short_name(row.machines[task])} and "
-                f"{short_name(other.machines[task])} (score {mean:.3f} vs {again:.3f})"
-            )
-    return [*lines, ""] if len(lines) > 4 else [*lines, "- no run was repeated on another machine", ""]
-
-
-def goals(rows: list[Row], full: Row, ratios) -> list[str]:
-    """The issue's acceptance goal at ratio 10 on SQuAD: >= 70% of full, and above StreamingLLM, paired."""
+def against_peers(rows: list[Row], ratios) -> list[str]:
+    """The trained method against every other row of the same ratio, paired on the same documents."""
+    from decodebench.metrics.kinds import is_binary_metric, metric_range
     from decodebench.stats import paired_comparison
 
-    if 10 not in ratios:
-        return []
-    task = "squad_mini"
-    at10 = {row.name: row for row in rows if row.ratio == 10 and task in row.scores}
-    trained, reference = at10.get("trained"), full.scores.get(task)
-    if trained is None or not reference:
-        return []
-    share = statistics.mean(trained.scores[task].values()) / statistics.mean(reference.values())
+    lines = ["## The trained method against each peer", ""]
+    for task, (metric, metric_label) in TASKS.items():
+        kind = {"binary": is_binary_metric(metric), "bounds": metric_range(metric)}
+        for ratio in ratios:
+            at = {row.name: row for row in rows if row.ratio == ratio and task in row.scores}
+            trained = at.get("trained")
+            if trained is None:
+                continue
+            lines.append(f"- {task} at ratio {ratio:g} ({metric_label}, trained minus peer, paired):")
+            for peer, row in at.items():
+                if peer == "trained":
+                    continue
+                shared = sorted(set(trained.scores[task]) & set(row.scores[task]))
+                paired = paired_comparison(
+                    [trained.scores[task][d] for d in shared], [row.scores[task][d] for d in shared], **kind
+                )
+                verdict = (
+                    "trained is ahead"
+                    if paired.p_value < 0.05 and paired.difference > 0
+                    else "trained is behind"
+                    if paired.p_value < 0.05
+                    else "no significant difference"
+                )
+                lines.append(
+                    f"  - vs {peer}: {paired.difference:+.3f} [{paired.interval.low:+.3f}, "
+                    f"{paired.interval.high:+.3f}], p = {paired.p_value:.3g} ({paired.test}, n = {paired.n}): {verdict}"
+                )
+    return [*lines, ""]
+
+
+def throughput_section(data: dict) -> list[str]:
+    """Tokens/s of the trained method against full context at each batch size (paired per round), the KV each row
+    holds, and the largest batch whose KV fits the budget."""
+    from decodebench.stats import speed_ratio_interval
+
+    runs = data["runs"]
+    full_b1 = [r for r in runs if r["selector"] == "full" and r["batch"] == 1]
+    # full context keeps every prompt token: its per-token KV is the cache's bytes over the prompt's tokens at batch 1
+    bytes_per_token = sum(r["kv_bytes_at_decode_start"] for r in full_b1) / sum(r["prompt_tokens"] for r in full_b1)
+    budget = data["kv_budget_mib"] * 2**20
     lines = [
-        "## Goal at ratio 10 (squad_mini)",
+        f"## Throughput by batch size ({data['task']}, {data['limit']} questions, {data['rounds']} rounds)",
         "",
-        f"- the trained nugget keeps {share:.0%} of full context's accuracy (goal: at least 70%): "
-        + ("met" if share >= 0.7 else "not met"),
+        f"Full context and the trained method decode the same {data['limit']} questions at each batch size (at most "
+        f"{data['max_gen_toks']} new tokens per row), in "
+        "rounds whose order alternates (round and batch), one lm_eval process per run; tokens/s: new tokens over "
+        "the summed generate time; the ratio to full context at the same batch is paired per round, with its 95% "
+        f"interval over the {data['rounds']} rounds. KV / row: what the batch's cache physically holds per row after "
+        f"prefill (left padding included), plus the {data['max_gen_toks']} tokens a row may still add; largest "
+        f"batch: how many such rows fit a {data['kv_budget_mib']} MiB KV budget. Peak memory: the run's largest "
+        "window growth (resident memory).",
+        "",
+        "| batch | selector | ratio | tokens/s | vs full [95% CI] | KV / row at most (KiB) | largest batch in "
+        f"{data['kv_budget_mib']} MiB | peak memory (MiB) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
-    # StreamingLLM is the goal's peer; the other rows of the same budget, paired the same way, show what the
-    # adapters add (scorer only is the method without them) and where the method stands
-    goal_peers = [name for name in ("streaming", "kvpress StreamingLLM") if name in at10]
-    others = [name for name in at10 if name not in ("trained", *goal_peers)]
-    for peer in goal_peers + others:
-        shared = sorted(set(trained.scores[task]) & set(at10[peer].scores[task]))
-        paired = paired_comparison(
-            [trained.scores[task][d] for d in shared], [at10[peer].scores[task][d] for d in shared]
-        )
-        verdict = (
-            "beats it"
-            if paired.interval.low > 0
-            else "is beaten by it"
-            if paired.interval.high < 0
-            else "no clear difference"
-        )
-        lines.append(
-            f"- trained vs {peer}{' (the goal)' if peer in goal_peers else ''}: {paired.difference:+.3f} "
-            f"[{paired.interval.low:+.3f}, {paired.interval.high:+.3f}], p = {paired.p_value:.3g} ({paired.test}, "
-            f"n = {paired.n}): {verdict}"
-        )
+    sides = []
+    for run in runs:
+        if (run["selector"], run["ratio"]) not in sides:
+            sides.append((run["selector"], run["ratio"]))
+    for batch in data["batches"]:
+        base = sorted((r for r in runs if r["batch"] == batch and r["selector"] == "full"), key=lambda r: r["round"])
+        for name, ratio in sides:
+            mine = sorted(
+                (r for r in runs if r["batch"] == batch and (r["selector"], r["ratio"]) == (name, ratio)),
+                key=lambda r: r["round"],
+            )
+            speed = sum(r["new_tokens"] for r in mine) / sum(r["seconds"] for r in mine)
+            if name == "full":
+                versus = "-"
+            else:
+                ratio_value, interval = speed_ratio_interval(
+                    [r["new_tokens"] for r in mine],
+                    [r["seconds"] for r in mine],
+                    [r["new_tokens"] for r in base],
+                    [r["seconds"] for r in base],
+                )
+                versus = f"{ratio_value:.2f}x" + (
+                    f" [{interval.low:.2f}, {interval.high:.2f}]" if len(mine) > 1 else ""
+                )
+            per_row = max(r["kv_bytes_at_decode_start"] / r["requests"] for r in mine)
+            per_row += data["max_gen_toks"] * bytes_per_token
+            memory = max(r["peak_memory_bytes"] or 0 for r in mine)
+            lines.append(
+                f"| {batch} | {name} | {f'{ratio:g}' if ratio else '1'} | {speed:.1f} | {versus} | "
+                f"{per_row / 1024:.0f} | {math.floor(budget / per_row)} | {memory / 2**20:.0f} |"
+            )
     return [*lines, ""]
 
 
@@ -430,11 +542,24 @@ def task_limits(text: str) -> dict[str, int | None]:
     return limits
 
 
+def numbers(kind):
+    def parse(text: str):
+        try:
+            values = [kind(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+        if not values or any(v <= 0 for v in values):
+            raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+        return values
+
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = doc_parser(__doc__, "docs/nugget-study.md")
-    parser.add_argument("--ratios", default="5,10", help="compression ratios, comma-separated (default 5,10)")
+    parser.add_argument("--ratios", type=numbers(float), default=[5.0, 10.0], help="compression ratios (5,10)")
     parser.add_argument(
-        "--out", default="results/nugget-study", help="lm_eval output folder (finished runs are reused)"
+        "--out", default="results/nugget-study", help="lm_eval output folder (finished quality runs are reused)"
     )
     parser.add_argument(
         "--limit",
@@ -442,44 +567,24 @@ def main(argv: list[str] | None = None) -> int:
         default=task_limits(""),
         help="documents per task: N for both, or squad_mini=N,cnndm_mini=M (default: all)",
     )
-    parser.add_argument(
-        "--checkpoint", default=None, help="a train-nugget checkpoint (default: the default one, trained if missing)"
-    )
-    parser.add_argument("--corpus", default=None, help="training text when a checkpoint must be trained first")
+    parser.add_argument("--batch-size", type=int, default=8, help="batch size of the quality runs (default 8)")
     parser.add_argument("--kvpress-python", default=None, help="python of an environment with kvpress")
     parser.add_argument(
         "--selectors",
         default=",".join(OURS),
         help="rows besides full context, comma-separated (default: all of " + ", ".join(OURS) + ")",
     )
-    parser.add_argument(
-        "--reuse-only",
-        action="store_true",
-        help="start no new lm_eval run: write the document from the finished runs under --out, naming those missing",
-    )
-    parser.add_argument(
-        "--cross-check",
-        default=None,
-        help="a second --out folder with some of the same runs made on another machine: the document says how many "
-        "generations agree",
-    )
+    parser.add_argument("--batches", type=numbers(int), default=[1, 8, 32], help="throughput batch sizes (1,8,32)")
+    parser.add_argument("--rounds", type=int, default=3, help="throughput rounds (default 3; 0: no throughput)")
+    parser.add_argument("--throughput-limit", type=int, default=32, help="squad_mini questions per throughput run (32)")
+    parser.add_argument("--throughput-max-gen-toks", type=int, default=32, help="new tokens per row there (32)")
+    parser.add_argument("--throughput-ratio", type=float, default=10.0, help="the trained method's ratio there (10)")
+    parser.add_argument("--kv-budget-mib", type=int, default=512, help="the KV budget of the largest batch (512)")
     args = parser.parse_args(argv)
-    ratios = [float(r) for r in args.ratios.split(",")]
-    selectors = tuple(s.strip() for s in args.selectors.split(",") if s.strip())
-    if unknown := sorted(set(selectors) - set(OURS)):
+    args.selectors = tuple(s.strip() for s in args.selectors.split(",") if s.strip())
+    if unknown := sorted(set(args.selectors) - set(OURS)):
         parser.error(f"unknown selectors {unknown}; choose from {', '.join(OURS)}")
-    return run_study(
-        args.out,
-        args.doc,
-        ratios,
-        args.limit,
-        args.checkpoint,
-        args.kvpress_python,
-        args.corpus,
-        selectors,
-        args.reuse_only,
-        args.cross_check,
-    )
+    return page(args, argv, lambda folder, command: collect(folder, command, args), render)
 
 
 if __name__ == "__main__":
