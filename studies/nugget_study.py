@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import doc_parser, keep_lm_eval_run, load_json, page, record_run, run_header, save_json, task_docs
+from common import REPO, doc_parser, keep_lm_eval_run, load_json, page, record_run, run_header, save_json, task_docs
 from kvpress_peers import PRESSES
 
 from decodebench.runs import LmEvalRun, offline_env
@@ -559,7 +559,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = doc_parser(__doc__, "docs/nugget-study.md")
     parser.add_argument("--ratios", type=numbers(float), default=[5.0, 10.0], help="compression ratios (5,10)")
     parser.add_argument(
-        "--out", default="results/nugget-study", help="lm_eval output folder (finished quality runs are reused)"
+        "--out",
+        default=str(REPO / "results" / "nugget-study"),
+        help="lm_eval output folder (finished quality runs are reused; default results/nugget-study)",
     )
     parser.add_argument(
         "--limit",
