@@ -310,8 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     nugget.add_argument(
         "--out",
         default=None,
-        help="the checkpoint to write (.safetensors; default: DECODEBENCH_HOME/nugget/<model>-r<ratio>.safetensors, "
-        "where the demo looks)",
+        help="the checkpoint to write (.safetensors, its manifest beside it; default: "
+        "DECODEBENCH_HOME/nugget/<model>-r<ratio>.safetensors)",
     )
     nugget.add_argument("--pretrained", default="embedded", help="model (default: the embedded one)")
     nugget.add_argument(

@@ -35,7 +35,8 @@ import sys
 import time
 from pathlib import Path
 
-from common import REPO, doc_parser, keep_lm_eval_run, load_json, page, record_run, run_header, save_json, task_docs
+import common
+from common import doc_parser, keep_lm_eval_run, kept_results, load_json, page, record_run, run_header, save_json
 from kvpress_peers import PRESSES
 
 from decodebench.runs import LmEvalRun, offline_env
@@ -45,10 +46,16 @@ OURS = ("trained", "scorer only", "delimiter", "truncation", "streaming", "query
 THROUGHPUT_TASK = "squad_mini"
 
 
-def selector_args(selector: str) -> dict[str, str]:
-    if selector == "scorer only":
-        return {"selector": "trained", "adapters": "false"}
-    return {"selector": selector}
+def nugget_run(name: str, ratio: float | None, task: str, output_path: Path, **options) -> LmEvalRun:
+    """``lm_eval --model nugget`` on the embedded model for one row of the study (``name`` at ``ratio``)."""
+    selector = {"selector": "trained", "adapters": "false"} if name == "scorer only" else {"selector": name}
+    return LmEvalRun(
+        model="nugget",
+        model_args={"pretrained": "embedded", **selector, **({"ratio": f"{ratio:g}"} if ratio else {})},
+        tasks=[task],
+        output_path=output_path,
+        **options,
+    )
 
 
 def label(name: str, ratio: float | None) -> str:
@@ -119,21 +126,14 @@ class Row:
             self.ttft[task], self.kv_bytes[task] = ttft, kv
 
 
-def run_lm_eval(out: Path, name: str, ratio: float | None, args: dict, task: str, limit: int | None, batch: int):
+def run_lm_eval(out: Path, name: str, ratio: float | None, task: str, limit: int | None, batch: int):
     """One lm_eval run (reused when a finished one is under ``out``: delete its folder to redo it)."""
     folder = out / folder_name(name, ratio) / f"{task}-limit{limit or 'all'}-batch{batch}"
     existing = sorted(folder.glob("**/results_*.json"))
     if existing:
         print(f"{label(name, ratio)}, {task}: reusing {existing[-1]}", flush=True)
         return existing[-1]
-    run = LmEvalRun(
-        model="nugget",
-        model_args={"pretrained": "embedded", **args, **({"ratio": f"{ratio:g}"} if ratio else {})},
-        tasks=[task],
-        output_path=folder,
-        limit=limit,
-        batch_size=batch,
-    )
+    run = nugget_run(name, ratio, task, folder, limit=limit, batch_size=batch)
     return run.run_or_raise(f"{label(name, ratio)}, {task}")
 
 
@@ -183,7 +183,7 @@ def kvpress_items(limits: dict[str, int | None]) -> list[dict]:
     split = NuggetConfig.defaults().split
     items = []
     for name, limit in limits.items():
-        task, docs = task_docs(name, limit)
+        task, docs = common.task_docs(name, limit)
         generation = task.config.generation_kwargs
         for doc_id, doc in enumerate(docs):
             document, _, question = task.doc_to_text(doc).rpartition(split)
@@ -217,8 +217,7 @@ def collect(folder: Path, argv: list[str], args) -> None:
     runs = [("full", None)] + [(name, ratio) for ratio in args.ratios for name in args.selectors]
     for name, ratio in runs:
         for task, limit in args.limit.items():
-            args_ = selector_args(name) if name != "full" else {"selector": "full"}
-            results = run_lm_eval(out, name, ratio, args_, task, limit, args.batch_size)
+            results = run_lm_eval(out, name, ratio, task, limit, args.batch_size)
             keep_lm_eval_run(results, folder / "runs" / folder_name(name, ratio) / task)
     if args.kvpress_python:
         for ratio in args.ratios:
@@ -241,13 +240,11 @@ def measure_throughput(out: Path, args) -> dict:
         for batch in args.batches:
             order = sides if (round_ + args.batches.index(batch)) % 2 == 0 else sides[::-1]
             for name, ratio in order:
-                args_ = {"selector": "full"} if name == "full" else {"selector": "trained"}
-                folder = out / f"round{round_}" / f"batch{batch}" / folder_name(name, ratio)
-                run = LmEvalRun(
-                    model="nugget",
-                    model_args={"pretrained": "embedded", **args_, **({"ratio": f"{ratio:g}"} if ratio else {})},
-                    tasks=[THROUGHPUT_TASK],
-                    output_path=folder,
+                run = nugget_run(
+                    name,
+                    ratio,
+                    THROUGHPUT_TASK,
+                    out / f"round{round_}" / f"batch{batch}" / folder_name(name, ratio),
                     limit=args.throughput_limit,
                     batch_size=batch,
                     gen_kwargs=f"max_gen_toks={args.throughput_max_gen_toks}",
@@ -295,7 +292,7 @@ def read_rows(folder: Path) -> tuple[list[Row], list[float]]:
         ratio_value = float(ratio) if ratio else None
         if ratio_value and ratio_value not in ratios:
             ratios.append(ratio_value)
-        rows.append(Row(name, ratio_value, [next(t.glob("results_*.json")) for t in sorted(run_folder.iterdir())]))
+        rows.append(Row(name, ratio_value, [kept_results(t) for t in sorted(run_folder.iterdir())]))
     ratios.sort()
     order = {name: i for i, name in enumerate(OURS)}
     full = [r for r in rows if r.name == "full"]
@@ -485,7 +482,14 @@ def throughput_section(data: dict) -> list[str]:
         f"{data['max_gen_toks']} new tokens per row), in "
         "rounds whose order alternates (round and batch), one lm_eval process per run; tokens/s: new tokens over "
         "the summed generate time; the ratio to full context at the same batch is paired per round, with its 95% "
-        f"interval over the {data['rounds']} rounds. KV / row: what the batch's cache physically holds per row after "
+        f"interval over the {data['rounds']} rounds"
+        + (
+            f" (with {data['rounds']} rounds, a bootstrap interval is only the spread of {data['rounds']} paired "
+            "ratios, not a calibrated 95% interval)"
+            if data["rounds"] < 5
+            else ""
+        )
+        + ". KV / row: what the batch's cache physically holds per row after "
         f"prefill (left padding included), plus the {data['max_gen_toks']} tokens a row may still add; largest "
         f"batch: how many such rows fit a {data['kv_budget_mib']} MiB KV budget. Peak memory: the run's largest "
         "window growth (resident memory).",
@@ -560,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ratios", type=numbers(float), default=[5.0, 10.0], help="compression ratios (5,10)")
     parser.add_argument(
         "--out",
-        default=str(REPO / "results" / "nugget-study"),
+        default=str(common.REPO / "results" / "nugget-study"),
         help="lm_eval output folder (finished quality runs are reused; default results/nugget-study)",
     )
     parser.add_argument(

@@ -152,11 +152,12 @@ def test_training_writes_a_manifest_whose_sha256_the_loader_checks(trained, tiny
     import shutil
 
     from decodebench.models.nugget import Nugget
-    from decodebench.models.nugget.shipped import file_sha256, manifest_path, verify
+    from decodebench.models.nugget.shipped import manifest_path, verify
+    from decodebench.paths import sha256_file
 
     out, _, _ = trained
     manifest = json.loads(manifest_path(out).read_text())
-    assert manifest["sha256"] == file_sha256(out) and manifest["bytes"] == out.stat().st_size
+    assert manifest["sha256"] == sha256_file(out) and manifest["bytes"] == out.stat().st_size
     assert manifest["steps"] == SETTINGS.steps and manifest["seed"] == SETTINGS.seed
     assert manifest["final_held_out_loss"] == read_checkpoint(out).training["held_out"][-1][1]
     split = manifest["corpus_split"]

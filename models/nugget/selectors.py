@@ -115,7 +115,8 @@ class TrainedNugget(Selector):
 
     def __init__(self, config: NuggetConfig):
         from decodebench.models.nugget.checkpoint import CheckpointError, read_checkpoint
-        from decodebench.models.nugget.shipped import file_sha256, shipped_checkpoint, verify
+        from decodebench.models.nugget.shipped import shipped_checkpoint, verify
+        from decodebench.paths import sha256_file
 
         super().__init__(config)
         shipped = config.selector == self.name
@@ -123,7 +124,7 @@ class TrainedNugget(Selector):
         # the file is checked (against its manifest's sha256, then as a checkpoint) before the model loads
         self.manifest = verify(self.path, required=shipped)
         self.checkpoint = read_checkpoint(self.path)
-        self.sha256 = self.manifest["sha256"] if self.manifest else file_sha256(self.path)
+        self.sha256 = self.manifest["sha256"] if self.manifest else sha256_file(self.path)
         if config.adapters and not self.checkpoint.has_adapters:
             raise CheckpointError(f"{self.path} holds a scorer only (no LoRA adapters); run it with adapters=false")
         if config.ratio != self.checkpoint.ratio:

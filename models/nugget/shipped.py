@@ -11,7 +11,6 @@ by name.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from decodebench.models.nugget.checkpoint import CheckpointError
+from decodebench.paths import sha256_file
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 SHIPPED_MODEL = "embedded"  # the model the shipped checkpoints were trained for
@@ -26,14 +26,6 @@ SHIPPED_MODEL = "embedded"  # the model the shipped checkpoints were trained for
 
 def manifest_path(checkpoint: str | Path) -> Path:
     return Path(checkpoint).with_suffix(".json")
-
-
-def file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def shipped_checkpoint(ratio: float) -> Path:
@@ -64,7 +56,7 @@ def verify(checkpoint: str | Path, required: bool = False) -> dict[str, Any] | N
         raise CheckpointError(f"{manifest_file}: not a readable manifest ({exc!r})") from exc
     if not checkpoint.is_file():
         raise CheckpointError(f"{checkpoint} is missing (its manifest {manifest_file.name} is there)")
-    actual = file_sha256(checkpoint)
+    actual = sha256_file(checkpoint)
     if actual != expected:
         raise CheckpointError(
             f"{checkpoint} is not the file its manifest names: sha256 {actual[:16]}... of {checkpoint.stat().st_size} "
@@ -107,9 +99,9 @@ def write_manifest(
     training = read.training
     manifest = {
         "file": checkpoint.name,
-        "sha256": file_sha256(checkpoint),
+        "sha256": sha256_file(checkpoint),
         "bytes": checkpoint.stat().st_size,
-        "dtype": "bfloat16",
+        "dtype": ", ".join(sorted({str(t.dtype).removeprefix("torch.") for t in read.tensors.values()})),
         "model": Path(read.identity.get("name") or "unnamed").name,
         "ratio": read.ratio,
         "command": command,

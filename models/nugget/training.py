@@ -106,7 +106,7 @@ def split_corpus(documents: list[str]) -> tuple[list[str], list[str], int]:
     return training, held, len(documents) - len(kept)
 
 
-def corpus_split(documents: list[str], training: list[str], held: list[str], dropped: int) -> dict:
+def corpus_record(documents: list[str], training: list[str], held: list[str], dropped: int) -> dict:
     """What a manifest says about the corpus: how many documents trained, were held out, were dropped."""
     return {
         "documents": len(documents),
@@ -197,7 +197,7 @@ def held_out_loss(model, scorer, adapters, windows: list[tuple[list[int], list[i
 
 # -- training ----------------------------------------------------------------------------------
 def default_checkpoint(model_name: str, ratio: float) -> Path:
-    """Where ``train-nugget`` saves by default, and where the demo looks for a trained compressor."""
+    """Where ``train-nugget`` saves by default (the shipped compressors are in models/nugget/weights/)."""
     from decodebench.paths import home
 
     return home() / "nugget" / f"{model_name}-r{ratio:g}.safetensors"
@@ -300,7 +300,7 @@ def train(
     training["steps_done"] = settings.steps
     path = save_checkpoint(out, scorer, adapters, model_identity(model, tokenizer), settings.ratio, training)
     (out.with_name(out.name + ".log.json")).write_text(json.dumps(record, indent=1))
-    write_manifest(path, command, corpus_split(documents, training_docs, held_docs, dropped), torch.get_num_threads())
+    write_manifest(path, command, corpus_record(documents, training_docs, held_docs, dropped), torch.get_num_threads())
     first, last = record["held_out"][0][1], record["held_out"][-1][1]
     log(
         f"saved {path}: held-out loss {first:.3f} -> {last:.3f} "
