@@ -126,9 +126,15 @@ class Row:
             self.ttft[task], self.kv_bytes[task] = ttft, kv
 
 
-def run_lm_eval(out: Path, name: str, ratio: float | None, task: str, limit: int | None, batch: int):
-    """One lm_eval run (reused when a finished one is under ``out``: delete its folder to redo it)."""
+def run_lm_eval(
+    out: Path, name: str, ratio: float | None, task: str, limit: int | None, batch: int, weights: str | None = None
+):
+    """One lm_eval run (reused when a finished one is under ``out``: delete its folder to redo it). A run of a
+    trained checkpoint is kept under its sha256 (``weights``), so retrained weights are never answered by an old
+    run."""
     folder = out / folder_name(name, ratio) / f"{task}-limit{limit or 'all'}-batch{batch}"
+    if weights:
+        folder = folder.with_name(f"{folder.name}-weights{weights[:12]}")
     existing = sorted(folder.glob("**/results_*.json"))
     if existing:
         print(f"{label(name, ratio)}, {task}: reusing {existing[-1]}", flush=True)
@@ -217,7 +223,8 @@ def collect(folder: Path, argv: list[str], args) -> None:
     runs = [("full", None)] + [(name, ratio) for ratio in args.ratios for name in args.selectors]
     for name, ratio in runs:
         for task, limit in args.limit.items():
-            results = run_lm_eval(out, name, ratio, task, limit, args.batch_size)
+            weights = checkpoints[f"{ratio:g}"]["sha256"] if name in ("trained", "scorer only") else None
+            results = run_lm_eval(out, name, ratio, task, limit, args.batch_size, weights)
             keep_lm_eval_run(results, folder / "runs" / folder_name(name, ratio) / task)
     if args.kvpress_python:
         for ratio in args.ratios:
