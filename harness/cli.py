@@ -108,6 +108,7 @@ TRAINING_FLAGS = {
     "context": (int, "longest compressed part, in tokens"),
     "continuation": (int, "continued part, in tokens"),
     "lr": (float, "peak Adam learning rate"),
+    "autoencode": (float, "share of windows whose target is the compressed part itself (the rest continue it)"),
     "layer": (int, "layer whose hidden states the scorer reads"),
     "seed": (int, "random seed"),
 }
@@ -123,7 +124,7 @@ def _train_nugget(args: argparse.Namespace) -> int:
     from decodebench.models.nugget.training import TrainingSettings, default_checkpoint, train
 
     pretrained, embedded = resolve_pretrained(args.pretrained)
-    settings = TrainingSettings(**{name: getattr(args, name) for name in TRAINING_FLAGS})
+    settings = TrainingSettings(**{name: getattr(args, name) for name in (*TRAINING_FLAGS, "chat")})
     name = "embedded" if embedded else Path(str(pretrained).rstrip("/")).name
     out = args.out or default_checkpoint(name, settings.ratio)
     try:
@@ -317,9 +318,16 @@ def build_parser() -> argparse.ArgumentParser:
     nugget.add_argument(
         "--corpus",
         default=None,
-        help="training text: a .jsonl file (a 'text' or 'article' field), a .txt file or a folder of them; documents "
-        "sharing a 13-word sequence with the bundled evaluation samples are dropped (default: Python's reference "
-        "documentation)",
+        help="training text: a .jsonl file (a 'text' or 'article' field), a .txt file, a dictd .index file or a "
+        "folder of them; documents sharing a 13-word sequence with the bundled evaluation samples are dropped "
+        "(default: FOLDOC, the Jargon File and The Devil's Dictionary from Debian's dict-foldoc, dict-jargon and "
+        "dict-devil packages)",
+    )
+    nugget.add_argument(
+        "--chat",
+        action="store_true",
+        help="lay each window out in the model's chat template: the compressed part in a user turn, an instruction, "
+        "the target as the assistant's reply (default: plain text, as the paper trains)",
     )
     for name, (kind, what) in TRAINING_FLAGS.items():
         default = getattr(defaults, name)

@@ -3,18 +3,30 @@
 
 A corpus is a ``.jsonl`` file (one JSON object per line, its text in a ``text`` field, or
 ``article`` as CNN/DailyMail writes it), a ``.txt`` file (one document per blank-line-separated
-paragraph), or a folder of them (read in sorted order). A malformed file stops the reader with
+paragraph), a dictd database (its ``.index`` file, beside its ``.dict.dz`` or ``.dict``: one document
+per entry), or a folder of them (read in sorted order). A malformed file stops the reader with
 its name, the line, and what a line must hold.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 TEXT_FIELDS = ("text", "article")  # the fields a .jsonl record may keep its text in, in order of preference
+SUFFIXES = (".jsonl", ".txt", ".index")
 REFERENCE_CORPUS = "Python's reference documentation (pydoc_data.topics, PSF license)"
+# train-nugget's default: English prose on every subject computing touches, from three of Debian's dictd packages,
+# which no task evaluates on (the paper trains on general web text, which cannot be downloaded here)
+PROSE_DICTIONARIES = {
+    "/usr/share/dictd/foldoc.index": "FOLDOC, the Free On-line Dictionary of Computing (GFDL 1.1+; dict-foldoc)",
+    "/usr/share/dictd/jargon.index": "the Jargon File 4.4.7 (public domain; dict-jargon)",
+    "/usr/share/dictd/devil.index": "Ambrose Bierce's The Devil's Dictionary (public domain; dict-devil)",
+}
+PROSE_CORPUS = "; ".join(PROSE_DICTIONARIES.values())
 
 
 class CorpusError(ValueError):
@@ -25,9 +37,9 @@ def corpus_files(path: Path) -> list[Path]:
     path = Path(path)
     if not path.exists():
         raise CorpusError(f"corpus {path}: no such file or folder")
-    files = sorted(p for p in path.rglob("*") if p.suffix in (".jsonl", ".txt")) if path.is_dir() else [path]
+    files = sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES) if path.is_dir() else [path]
     if not files:
-        raise CorpusError(f"corpus {path}: no .jsonl or .txt files in this folder")
+        raise CorpusError(f"corpus {path}: no .jsonl, .txt or dictd .index files in this folder")
     return files
 
 
@@ -44,6 +56,9 @@ def read_corpus(path: Path) -> Iterator[str]:
 
 def _read_file(file: Path) -> Iterator[str]:
     try:
+        if file.suffix == ".index":
+            yield from _read_dictd(file)
+            return
         if file.suffix != ".jsonl":
             yield from (p for p in file.read_text(encoding="utf-8").split("\n\n") if p.strip())
             return
@@ -65,6 +80,64 @@ def _text_of(line: str, where: str) -> str:
     if not isinstance(text, str):
         raise CorpusError(f"{where}: {expected}")
     return text
+
+
+_DICTD_DIGITS = {c: i for i, c in enumerate("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")}
+
+
+def _dictd_number(text: str, where: str) -> int:
+    try:
+        value = 0
+        for digit in text:
+            value = value * 64 + _DICTD_DIGITS[digit]
+        return value
+    except KeyError:
+        raise CorpusError(f"{where}: {text!r} is not a dictd base-64 offset or length") from None
+
+
+def _read_dictd(index: Path) -> Iterator[str]:
+    """A dictd database's entries in index order, each once (several headwords may point at one entry), as plain
+    prose: its cross-reference braces dropped and each paragraph on one line (dictd wraps at 72 columns, a layout
+    a model would learn to imitate). Headwords that start with ``00`` are the database's own description."""
+    data_file = next((p for p in (index.with_suffix(".dict.dz"), index.with_suffix(".dict")) if p.is_file()), None)
+    if data_file is None:
+        raise CorpusError(f"{index}: a dictd index needs its {index.stem}.dict.dz or {index.stem}.dict beside it")
+    try:
+        data = gzip.decompress(data_file.read_bytes()) if data_file.suffix == ".dz" else data_file.read_bytes()
+    except (OSError, EOFError) as exc:
+        raise CorpusError(f"{data_file}: not a dictzip (gzip) file ({exc})") from exc
+    seen = set()
+    with open(index, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            fields = line.rstrip("\n").split("\t")
+            where = f"{index}:{number}"
+            if len(fields) < 3:
+                raise CorpusError(f"{where}: expected a dictd index line: headword, offset and length, tab-separated")
+            if fields[0].startswith("00") or not line.strip():
+                continue
+            start, length = _dictd_number(fields[1], where), _dictd_number(fields[2], where)
+            if start + length > len(data) or (start, length) in seen:
+                if (start, length) in seen:
+                    continue
+                raise CorpusError(f"{where}: the entry ends at byte {start + length}, past {data_file}'s {len(data)}")
+            seen.add((start, length))
+            entry = data[start : start + length].decode("utf-8").replace("{", "").replace("}", "")
+            paragraphs = (" ".join(p.split()) for p in re.split(r"\n\s*\n", entry))
+            text = "\n\n".join(p for p in paragraphs if p)
+            if text:
+                yield text
+
+
+def prose_corpus() -> list[str]:
+    """The entries of ``PROSE_DICTIONARIES`` (Debian: ``apt-get install dict-foldoc dict-jargon dict-devil``)."""
+    missing = [path for path in PROSE_DICTIONARIES if not Path(path).is_file()]
+    if missing:
+        packages = " ".join(description.rsplit("; ", 1)[1].rstrip(")") for description in PROSE_DICTIONARIES.values())
+        raise CorpusError(
+            f"the default training corpus is missing ({', '.join(missing)}): install it with `apt-get install "
+            f"{packages}` (Debian, Ubuntu), or give --corpus"
+        )
+    return [text for path in PROSE_DICTIONARIES for text in read_corpus(Path(path))]
 
 
 def reference_corpus() -> list[str]:

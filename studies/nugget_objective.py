@@ -40,18 +40,23 @@ import torch
 from common import doc_parser, task_docs, write_doc
 
 
-def continuation_loss(model, context, continuation, scores, ratio, adapters) -> float:
-    """Mean loss of ``continuation[1:]`` given the ``ceil(n / ratio)`` tokens of ``context`` that
-    ``scores`` keeps, read by the checkpoint's adapters when ``adapters`` is given, else by the frozen model."""
+def target_loss(model, window, scores, ratio, adapters) -> float:
+    """Mean loss of the window's target tokens after the first, given its uncompressed prompt and the
+    ``ceil(n / ratio)`` tokens of its compressed part that ``scores`` keeps, read by the checkpoint's adapters when
+    ``adapters`` is given, else by the frozen model."""
     from decodebench.models.nugget.compressor import encode_nuggets, feed_after_nuggets, reading
 
-    n = len(context)
-    nuggets = encode_nuggets(model, torch.tensor([context]), scores, ratio, encoder=adapters is not None)
-    with reading(model, adapters):  # [nuggets; soft token; continuation] with the adapters, as in training
+    n, target = len(window.compressed), window.target
+    nuggets = encode_nuggets(model, torch.tensor([window.compressed]), scores, ratio, encoder=adapters is not None)
+    with reading(model, adapters):  # [nuggets; soft token; prompt; target] with the adapters, as in training
         soft_token = adapters.soft_token if adapters is not None else None
-        logits = feed_after_nuggets(model, nuggets.cache, torch.tensor([continuation[:-1]]), n, soft_token)[0]
-    predicted = logits[1:] if adapters is not None else logits  # drop the soft token's prediction
-    return float(torch.nn.functional.cross_entropy(predicted.float(), torch.tensor(continuation[1:])))
+        fed = torch.tensor([window.prompt + target[:-1]])
+        logits = feed_after_nuggets(model, nuggets.cache, fed, n, soft_token)[0]
+    if adapters is not None:
+        logits = logits[1:]  # drop the soft token's prediction
+    first = len(window.prompt)  # logits[first + t - 1] predicts target[t]
+    predicted = logits[first : first + len(target) - 1]
+    return float(torch.nn.functional.cross_entropy(predicted.float(), torch.tensor(target[1:])))
 
 
 def kept_positions(scores: torch.Tensor, n: int, ratio: float) -> set[int]:
@@ -104,7 +109,8 @@ def measure(checkpoint_path: Path, ratios: list[float], count: int, questions: i
 
     losses: dict[tuple[str, float | None], list[float]] = {}
     where: dict[tuple[str, float], list[tuple[float, float, bool]]] = {}  # what each selector kept
-    for context, continuation in tqdm(windows, desc="held-out windows"):
+    for window in tqdm(windows, desc="held-out windows"):
+        context = window.compressed
         n = len(context)
         trained_scores = scorer(layer_hidden_states(model, torch.tensor([context]), scorer.layer))
         recent = position_scores(n)
@@ -116,13 +122,13 @@ def measure(checkpoint_path: Path, ratios: list[float], count: int, questions: i
             rows[("scorer only", ratio)] = (trained_scores, ratio, None)
             rows[("trained", ratio)] = (trained_scores, ratio, adapters)
         for key, (scores, ratio, reader) in rows.items():
-            losses.setdefault(key, []).append(continuation_loss(model, context, continuation, scores, ratio, reader))
+            losses.setdefault(key, []).append(target_loss(model, window, scores, ratio, reader))
             if key[1] is not None:
                 kept, streamed = (kept_positions(s, n, ratio) for s in (scores, rows[("streaming", ratio)][0]))
                 where.setdefault(key, []).append(
                     (len(kept & streamed) / len(kept), statistics.mean(kept) / (n - 1), 0 in kept)
                 )
-    lengths = {"context": [len(c) for c, _ in windows], "continuation": settings.continuation}
+    lengths = {"context": [len(w.compressed) for w in windows], "continuation": settings.continuation}
     coverage = answer_coverage(model, tokenizer, scorer, ratios, sinks, questions)
     return Measured(losses, where, coverage, checkpoint.training, lengths)
 

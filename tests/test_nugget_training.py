@@ -25,7 +25,17 @@ class Interrupt(Exception):
 
 
 @pytest.fixture(scope="module")
-def trained(tiny_checkpoint, tmp_path_factory):
+def corpus(tmp_path_factory):
+    """Python's reference documentation as a .jsonl corpus (the default corpus needs Debian's dictd packages)."""
+    from decodebench.corpus import reference_corpus
+
+    path = tmp_path_factory.mktemp("corpus") / "pydoc.jsonl"
+    path.write_text("".join(json.dumps({"text": text}) + "\n" for text in reference_corpus()))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_checkpoint, corpus, tmp_path_factory):
     """A 30-step run interrupted after step 20's evaluation, then resumed by the same command."""
     out = tmp_path_factory.mktemp("nugget") / "tiny.safetensors"
     messages = []
@@ -36,10 +46,10 @@ def trained(tiny_checkpoint, tmp_path_factory):
             raise Interrupt
 
     with pytest.raises(Interrupt):
-        train(str(tiny_checkpoint), out, SETTINGS, log=interrupt_at_20, progress=False)
+        train(str(tiny_checkpoint), out, SETTINGS, corpus=corpus, log=interrupt_at_20, progress=False)
     assert not out.exists(), "an interrupted run must not leave a checkpoint that looks complete"
     resumed = []
-    train(str(tiny_checkpoint), out, SETTINGS, log=resumed.append, progress=False)
+    train(str(tiny_checkpoint), out, SETTINGS, corpus=corpus, log=resumed.append, progress=False)
     return out, messages, resumed
 
 
@@ -212,12 +222,52 @@ def test_a_checkpoint_run_at_another_ratio_says_so(trained, tiny_checkpoint, cap
     assert "was trained at ratio 4 and runs at ratio=3" in caplog.text
 
 
-def test_a_cut_resume_file_is_named(tiny_checkpoint, tmp_path):
+def test_a_cut_resume_file_is_named(tiny_checkpoint, corpus, tmp_path):
     target = tmp_path / "again.safetensors"
     resume = target.with_name(target.name + ".resume.pt")
     resume.write_bytes(b"PK\x03\x04" + b"\x00" * 100)  # the start of a zip, then nothing
     with pytest.raises(ValueError, match=rf"the resume file {resume} cannot be read"):
-        train(str(tiny_checkpoint), target, SETTINGS, log=lambda message: None, progress=False)
+        train(str(tiny_checkpoint), target, SETTINGS, corpus=corpus, log=lambda message: None, progress=False)
+
+
+def test_windows_in_the_chat_template_with_autoencoding_are_laid_out_as_the_tasks_prompt(tiny_checkpoint):
+    """--chat: the compressed part is a user turn's opening and text up to its blank line, as --model nugget cuts
+    squad_mini's prompts; the target is the assistant's reply (the part itself, or what follows it)."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from decodebench.models.nugget.compressor import NuggetAdapters, NuggetScorer
+    from decodebench.models.nugget.training import AUTOENCODE, CONTINUE, Windows, compression_loss
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    settings = TrainingSettings(ratio=4, context=64, continuation=16, autoencode=0.5, chat=True)
+    entries = [f"Entry {i}: the tide pools at cove {i} hold barnacles and anemones." for i in range(80)]
+    windows = Windows(tokenizer, entries, settings)
+    assert all(len(d) >= settings.context + settings.continuation for d in windows.documents[:-1])  # entries joined
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "D\n\nQ"}], tokenize=False, add_generation_prompt=True
+    )
+    opening, closing = chat.split("D\n\nQ")
+    kinds = set()
+    rng = random.Random(0)
+    for _ in range(12):
+        window = windows.sample(rng)
+        text = tokenizer.decode(window.compressed)
+        assert text.startswith(opening) and text.endswith("\n\n")
+        instruction = tokenizer.decode(window.prompt)
+        assert instruction in (AUTOENCODE + closing, CONTINUE + closing)
+        assert window.target[-1] == tokenizer.eos_token_id
+        start, separator = (len(tokenizer(t, add_special_tokens=False).input_ids) for t in (opening, "\n\n"))
+        if instruction.startswith(AUTOENCODE):
+            assert window.target[:-1] == window.compressed[start:-separator]
+        kinds.add(instruction.startswith(AUTOENCODE))
+    assert kinds == {True, False}
+    model = __import__("transformers").AutoModelForCausalLM.from_pretrained(tiny_checkpoint).eval()
+    scorer, adapters = NuggetScorer(model.config.hidden_size, layer=1), NuggetAdapters(model, rank=4)
+    loss = compression_loss(model, scorer, adapters, windows.sample(rng), settings.ratio)
+    loss.backward()
+    assert torch.isfinite(loss) and adapters.soft_token.grad is not None
 
 
 def test_garbage_or_pickled_files_are_refused_without_advice_to_load_them_unsafely(tmp_path):

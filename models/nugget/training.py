@@ -12,16 +12,24 @@ estimator (eq. 18). One step here (``compression_loss``):
    continuation; the nugget columns of its attention mask carry ``s - StopGrad(s)``, so the
    scores learn from every attention logit that reaches their nugget.
 
+Two other layouts can be asked for (``TrainingSettings.autoencode``, ``chat``): a share of windows whose
+target is the compressed part itself (the paper's autoencoding objective, section 4; an instruction after
+the soft token says which is asked), and windows laid out in the model's chat template as decodebench's
+tasks prompt it. On the embedded model both did worse on held-out SQuAD questions than plain continuation
+(docs/nugget-study.md), so the defaults are the paper's zero-shot layout.
+
 What is scaled down for two CPU cores, and why: the paper's parts are up to 512 and 128 tokens
 and it trains for up to 150k steps with Adam (lr 1e-4, betas 0.9/0.95, eps 1e-5, 2k warm-up steps,
 cosine); here the parts are up to ``context`` (256) and ``continuation`` (64) tokens and the
-budget is ``steps`` (about an hour for the embedded model), so the learning rate is higher
-(5e-4), the warm-up 5% of the steps, then cosine to zero. Everything else is the paper's.
+budget is ``steps`` (about 1.5 hours for the embedded model on one core), so the learning rate
+is higher (5e-4), the warm-up 5% of the steps, then cosine to zero. Everything else is the paper's.
 
-The corpus is plain text sharing no text with the evaluation data: any document that shares a
-13-word sequence with the bundled evaluation samples (squad_mini, cnndm_mini) is dropped, and
-how many were is recorded. A held-out 3% of the documents (by a hash of their text) gives the
-held-out loss reported at the start, during training and at the end. The run keeps a resume
+The corpus is plain prose that no task evaluates on (by default three dictionaries that Debian
+packages: FOLDOC, the Jargon File and The Devil's Dictionary, harness/corpus.py; the paper's general
+web text cannot be downloaded here), and any document that shares a 13-word sequence with the
+bundled evaluation samples (squad_mini, cnndm_mini) is dropped, and how many were is recorded. A
+held-out 3% of the documents (by a hash of their text) gives the held-out loss reported at the
+start, during training and at the end. The run keeps a resume
 file beside the checkpoint every ``save_every`` steps; running the same command again continues
 from it.
 """
@@ -36,7 +44,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -52,6 +60,9 @@ from decodebench.models.nugget.compressor import (
 from decodebench.models.nugget.training_settings import TrainingSettings
 
 SHINGLE_WORDS = 13  # the n-gram length of the usual contamination checks
+# what a window asks of the nuggets: the paper's autoencoding (section 4) or its zero-shot continuation (section 6)
+AUTOENCODE = "Repeat the document above."
+CONTINUE = "Continue the document above."
 
 
 # -- corpus ---------------------------------------------------------------------------------
@@ -82,12 +93,12 @@ def evaluation_texts() -> Iterable[str]:
 
 
 def read_documents(corpus: str | None) -> tuple[list[str], str]:
-    """Documents of ``corpus`` (decodebench.corpus: .jsonl, .txt or a folder; default: Python's reference
-    documentation) and what it is, for the record."""
-    from decodebench.corpus import REFERENCE_CORPUS, read_corpus, reference_corpus
+    """Documents of ``corpus`` (decodebench.corpus: .jsonl, .txt, a dictd index or a folder; default: the prose
+    of three Debian dictionaries, ``PROSE_CORPUS``) and what it is, for the record."""
+    from decodebench.corpus import PROSE_CORPUS, prose_corpus, read_corpus
 
-    if corpus is None:
-        return reference_corpus(), REFERENCE_CORPUS
+    if corpus is None or corpus == PROSE_CORPUS:
+        return prose_corpus(), PROSE_CORPUS
     return list(read_corpus(Path(corpus))), str(corpus)
 
 
@@ -117,29 +128,84 @@ def corpus_record(documents: list[str], training: list[str], held: list[str], dr
     }
 
 
+@dataclass(frozen=True)
+class Window:
+    """One training example: the part to compress, what follows the nuggets uncompressed, and the target.
+
+    The decoder reads [nuggets; soft token; ``prompt``; ``target``] and is scored on ``target`` alone."""
+
+    compressed: list[int]
+    prompt: list[int]
+    target: list[int]
+
+
+class Framing:
+    """How a window is laid out for the model, as it will be used.
+
+    With a chat template (``TrainingSettings.chat``) the compressed part is what a user turn holds before its
+    last blank line (the template's opening included, as in decodebench's squad and cnndm prompts, where the
+    nugget model compresses exactly that), the uncompressed prompt is an instruction and the template's closing,
+    and the target is the assistant's reply, ended by the template's end-of-turn token. Without one, the text
+    runs on plainly: an instruction on its own line after the compressed part, only when autoencoding windows
+    need telling apart from continuing ones."""
+
+    def __init__(self, tokenizer, settings: TrainingSettings):
+        self.tokenize = lambda text: tokenizer(text, add_special_tokens=False).input_ids
+        self.instructions = {True: self.tokenize(AUTOENCODE), False: self.tokenize(CONTINUE)}
+        template = getattr(tokenizer, "chat_template", None)
+        if settings.chat and template:
+            marker = "\x00"
+            rendered = tokenizer.apply_chat_template(
+                [{"role": "user", "content": marker}], tokenize=False, add_generation_prompt=True
+            )
+            opening, closing = rendered.split(marker)
+            self.opening, self.separator, self.closing = map(self.tokenize, (opening, "\n\n", closing))
+            self.end = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+            self.chat = True
+        else:
+            self.opening, self.separator, self.closing, self.end = [], [], self.tokenize("\n"), []
+            self.chat = False
+        self.instructed = self.chat or settings.autoencode > 0
+
+    def window(self, part: list[int], continuation: list[int], autoencode: bool) -> Window:
+        prompt = self.instructions[autoencode] + self.closing if self.instructed else []
+        target = (part if autoencode else continuation) + self.end
+        return Window(self.opening + part + self.separator, prompt, target)
+
+
 class Windows:
-    """Random (compressed part, continuation) token windows from tokenized documents."""
+    """Random training windows from tokenized documents: a part to compress and what the model is to produce from
+    its nuggets, the part itself (autoencoding, a share ``autoencode`` of the windows) or its continuation.
+
+    Documents too short for a window are joined to the ones after them (a dictionary's entries run on), so a
+    corpus of short entries still gives windows of every length."""
 
     def __init__(self, tokenizer, documents: list[str], settings: TrainingSettings):
         self.settings = settings
+        self.framing = Framing(tokenizer, settings)
         minimum = int(2 * settings.ratio) + settings.continuation
-        self.documents = [
-            ids for ids in (tokenizer(d, add_special_tokens=False).input_ids for d in documents) if len(ids) >= minimum
-        ]
+        joined, current = [], []
+        for ids in (tokenizer(d, add_special_tokens=False).input_ids for d in documents):
+            current = current + self.framing.tokenize("\n\n") + ids if current else ids
+            if len(current) >= settings.context + settings.continuation:
+                joined.append(current)
+                current = []
+        self.documents = [ids for ids in (*joined, current) if len(ids) >= minimum]
         if not self.documents:
             raise ValueError(f"no document has the {minimum} tokens a training window needs")
 
-    def sample(self, rng: random.Random) -> tuple[list[int], list[int]]:
+    def sample(self, rng: random.Random) -> Window:
         s = self.settings
         tokens = rng.choice(self.documents)
         longest = min(s.context, len(tokens) - s.continuation)
         n = rng.randint(min(longest, max(int(2 * s.ratio), s.context // 4)), longest)
         start = rng.randint(0, len(tokens) - n - s.continuation)
-        window = tokens[start : start + n + s.continuation]
-        return window[:n], window[n:]
+        part = tokens[start : start + n]
+        continuation = tokens[start + n : start + n + s.continuation]
+        return self.framing.window(part, continuation, autoencode=rng.random() < s.autoencode)
 
 
-def held_out_windows(tokenizer, held_docs: list[str], settings: TrainingSettings, count: int):
+def held_out_windows(tokenizer, held_docs: list[str], settings: TrainingSettings, count: int) -> list[Window]:
     """The held-out windows training reports its loss on (a fixed draw: the first ``count`` are
     always the same for the same documents and settings)."""
     windows, rng = Windows(tokenizer, held_docs, settings), random.Random(settings.seed + 1)
@@ -148,29 +214,24 @@ def held_out_windows(tokenizer, held_docs: list[str], settings: TrainingSettings
 
 # -- the objective ---------------------------------------------------------------------------
 def compression_loss(
-    model,
-    scorer: NuggetScorer,
-    adapters: NuggetAdapters,
-    context: list[int],
-    continuation: list[int],
-    ratio: float,
-    autocast: bool = True,
+    model, scorer: NuggetScorer, adapters: NuggetAdapters, window: Window, ratio: float, autocast: bool = True
 ) -> torch.Tensor:
-    """Mean negative log-likelihood of ``continuation`` given the nuggets of ``context`` (eqs. 12-18)."""
+    """Mean negative log-likelihood of the window's target given the nuggets of its compressed part and its
+    uncompressed prompt (eqs. 12-18)."""
     device = next(model.parameters()).device
     # mixed precision, as the paper trains (bfloat16 matrix products, float32 weights and loss)
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-        return _compression_loss(model, scorer, adapters, context, continuation, ratio, device)
+        return _compression_loss(model, scorer, adapters, window, ratio, device)
 
 
-def _compression_loss(model, scorer, adapters, context, continuation, ratio, device) -> torch.Tensor:
-    document = torch.tensor([context], device=device)
-    n = len(context)
+def _compression_loss(model, scorer, adapters, window: Window, ratio, device) -> torch.Tensor:
+    document = torch.tensor([window.compressed], device=device)
+    n = len(window.compressed)
     scores = scorer(layer_hidden_states(model, document, scorer.layer).float())  # [n]
     nuggets = encode_nuggets(model, document, scores, ratio, encoder=True)
     adapters.use("decoder", trainable=torch.is_grad_enabled())
-    targets = torch.tensor(continuation, device=device)
-    embedded = model.get_input_embeddings()(targets)
+    read = torch.tensor(window.prompt + window.target, device=device)
+    embedded = model.get_input_embeddings()(read)
     embeds = torch.cat([adapters.soft_token[None].to(embedded.dtype), embedded])[None]
     length = embeds.shape[1]
     logits = model(
@@ -179,8 +240,10 @@ def _compression_loss(model, scorer, adapters, context, continuation, ratio, dev
         attention_mask=nugget_attention_mask(scores[nuggets.indices[0]], length, _compute_dtype(model, device)),
         position_ids=torch.arange(n, n + length, device=device)[None],
     ).logits[0]
-    # the soft token predicts the first continuation token, each token the next
-    return torch.nn.functional.cross_entropy(logits[:-1].float(), targets)
+    # the soft token predicts the prompt's first token, each token the next; only the target's are scored
+    first = len(window.prompt)
+    predicted = logits[first : first + len(window.target)].float()
+    return torch.nn.functional.cross_entropy(predicted, read[first:])
 
 
 def _compute_dtype(model, device) -> torch.dtype:
@@ -190,8 +253,8 @@ def _compute_dtype(model, device) -> torch.dtype:
 
 
 @torch.no_grad()
-def held_out_loss(model, scorer, adapters, windows: list[tuple[list[int], list[int]]], ratio: float) -> float:
-    losses = [float(compression_loss(model, scorer, adapters, c, t, ratio)) for c, t in windows]
+def held_out_loss(model, scorer, adapters, windows: list[Window], ratio: float) -> float:
+    losses = [float(compression_loss(model, scorer, adapters, window, ratio)) for window in windows]
     return sum(losses) / len(losses)
 
 
@@ -277,8 +340,7 @@ def train(
     bar = tqdm(total=settings.steps, initial=start, desc="train-nugget", disable=not progress)
     started = time.perf_counter()
     for step in range(start, settings.steps):
-        context, continuation = train_windows.sample(rng)
-        loss = compression_loss(model, scorer, adapters, context, continuation, settings.ratio)
+        loss = compression_loss(model, scorer, adapters, train_windows.sample(rng), settings.ratio)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trained, 1.0)

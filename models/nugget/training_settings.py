@@ -14,10 +14,15 @@ LORA_RANK = 32
 @dataclass(frozen=True)
 class TrainingSettings:
     ratio: float = 10.0
-    steps: int = 1200  # the shipped checkpoints' (models/nugget/weights/)
+    steps: int = 3000  # the shipped checkpoints' (models/nugget/weights/)
     context: int = 256  # longest compressed part (the paper: 512)
     continuation: int = 64  # continued part (the paper: up to 128)
     lr: float = 5e-4
+    # share of windows whose target is the compressed part itself (the paper's autoencoding, section 4); the rest
+    # continue it (its zero-shot setting, section 6). Both lost to continuation alone in decodebench's trials
+    # (docs/nugget-study.md), as did windows laid out in the model's chat template (``chat``)
+    autoencode: float = 0.0
+    chat: bool = False
     warmup: float = 0.05  # share of the steps
     rank: int = LORA_RANK
     layer: int = SCORER_LAYER
@@ -34,5 +39,7 @@ class TrainingSettings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.context < 2 * self.ratio:
             raise ValueError(f"context={self.context} leaves nothing to compress at ratio {self.ratio}")
+        if not (math.isfinite(self.autoencode) and 0 <= self.autoencode <= 1):
+            raise ValueError(f"autoencode must be a share in [0, 1], got {self.autoencode}")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
