@@ -291,7 +291,9 @@ def train(
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from decodebench.models.nugget.shipped import write_manifest
+    from decodebench.models.nugget.shipped import git_revision, write_manifest
+
+    revision = git_revision()  # the code this run starts from: the checkout may change while it trains
 
     settings = settings or TrainingSettings()
     settings.check()
@@ -362,7 +364,8 @@ def train(
     training["steps_done"] = settings.steps
     path = save_checkpoint(out, scorer, adapters, model_identity(model, tokenizer), settings.ratio, training)
     (out.with_name(out.name + ".log.json")).write_text(json.dumps(record, indent=1))
-    write_manifest(path, command, corpus_record(documents, training_docs, held_docs, dropped), torch.get_num_threads())
+    corpus_split = corpus_record(documents, training_docs, held_docs, dropped)
+    write_manifest(path, command, corpus_split, torch.get_num_threads(), revision)
     first, last = record["held_out"][0][1], record["held_out"][-1][1]
     log(
         f"saved {path}: held-out loss {first:.3f} -> {last:.3f} "
