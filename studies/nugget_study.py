@@ -424,6 +424,7 @@ def render(folder: Path) -> str:
             "",
         ]
     lines += against_peers(rows, ratios)
+    lines += training_curves(checkpoints)
     if (folder / "throughput.json").is_file():
         lines += throughput_section(load_json(folder, "throughput.json"))
     lines += [
@@ -469,6 +470,35 @@ def against_peers(rows: list[Row], ratios) -> list[str]:
                     f"  - vs {peer}: {paired.difference:+.3f} [{paired.interval.low:+.3f}, "
                     f"{paired.interval.high:+.3f}], p = {paired.p_value:.3g} ({paired.test}, n = {paired.n}): {verdict}"
                 )
+    return [*lines, ""]
+
+
+def training_curves(checkpoints: dict) -> list[str]:
+    """The held-out loss of each shipped checkpoint over its training (its manifest's record)."""
+    if not checkpoints:
+        return []
+    ordered = sorted(checkpoints.items(), key=lambda item: float(item[0]))
+    curves = {ratio: dict(manifest["held_out_loss"]) for ratio, manifest in ordered}
+    steps = sorted({step for curve in curves.values() for step in curve})
+    windows = ordered[0][1]["settings"]["held_out_windows"]
+    lines = [
+        "## How the shipped compressors trained",
+        "",
+        f"Held-out loss (mean cross-entropy per continuation token, nats, on the same {windows} windows of held-out "
+        "documents each time) by training step, from each checkpoint's manifest: "
+        + "; ".join(
+            f"ratio {ratio}: {m['steps']} steps, lr {m['settings']['lr']:g}, {m['training_seconds'] / 3600:.1f} h on "
+            f"{m['machine']}"
+            for ratio, m in ordered
+        )
+        + ".",
+        "",
+        "| step | " + " | ".join(f"ratio {ratio}" for ratio in curves) + " |",
+        "|---:|" + "---:|" * len(curves),
+    ]
+    for step in steps:
+        cells = (f"{curve[step]:.3f}" if step in curve else "-" for curve in curves.values())
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 
 
