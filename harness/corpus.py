@@ -21,12 +21,12 @@ SUFFIXES = (".jsonl", ".txt", ".index")
 REFERENCE_CORPUS = "Python's reference documentation (pydoc_data.topics, PSF license)"
 # train-nugget's default: English prose on every subject computing touches, from three of Debian's dictd packages,
 # which no task evaluates on (the paper trains on general web text, which cannot be downloaded here)
-PROSE_DICTIONARIES = {
-    "/usr/share/dictd/foldoc.index": "FOLDOC, the Free On-line Dictionary of Computing (GFDL 1.1+; dict-foldoc)",
-    "/usr/share/dictd/jargon.index": "the Jargon File 4.4.7 (public domain; dict-jargon)",
-    "/usr/share/dictd/devil.index": "Ambrose Bierce's The Devil's Dictionary (public domain; dict-devil)",
+PROSE_DICTIONARIES = {  # index file: (what it is, its license, the Debian package)
+    "/usr/share/dictd/foldoc.index": ("FOLDOC, the Free On-line Dictionary of Computing", "GFDL 1.1+", "dict-foldoc"),
+    "/usr/share/dictd/jargon.index": ("the Jargon File 4.4.7", "public domain", "dict-jargon"),
+    "/usr/share/dictd/devil.index": ("Ambrose Bierce's The Devil's Dictionary", "public domain", "dict-devil"),
 }
-PROSE_CORPUS = "; ".join(PROSE_DICTIONARIES.values())
+PROSE_CORPUS = "; ".join(f"{what} ({license}; {package})" for what, license, package in PROSE_DICTIONARIES.values())
 
 
 class CorpusError(ValueError):
@@ -109,16 +109,15 @@ def _read_dictd(index: Path) -> Iterator[str]:
     seen = set()
     with open(index, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
-            fields = line.rstrip("\n").split("\t")
-            where = f"{index}:{number}"
+            fields, where = line.rstrip("\n").split("\t"), f"{index}:{number}"
+            if not line.strip():
+                continue
             if len(fields) < 3:
                 raise CorpusError(f"{where}: expected a dictd index line: headword, offset and length, tab-separated")
-            if fields[0].startswith("00") or not line.strip():
-                continue
             start, length = _dictd_number(fields[1], where), _dictd_number(fields[2], where)
-            if start + length > len(data) or (start, length) in seen:
-                if (start, length) in seen:
-                    continue
+            if fields[0].startswith("00") or (start, length) in seen:
+                continue
+            if start + length > len(data):
                 raise CorpusError(f"{where}: the entry ends at byte {start + length}, past {data_file}'s {len(data)}")
             seen.add((start, length))
             entry = data[start : start + length].decode("utf-8").replace("{", "").replace("}", "")
@@ -132,7 +131,7 @@ def prose_corpus() -> list[str]:
     """The entries of ``PROSE_DICTIONARIES`` (Debian: ``apt-get install dict-foldoc dict-jargon dict-devil``)."""
     missing = [path for path in PROSE_DICTIONARIES if not Path(path).is_file()]
     if missing:
-        packages = " ".join(description.rsplit("; ", 1)[1].rstrip(")") for description in PROSE_DICTIONARIES.values())
+        packages = " ".join(package for _, _, package in PROSE_DICTIONARIES.values())
         raise CorpusError(
             f"the default training corpus is missing ({', '.join(missing)}): install it with `apt-get install "
             f"{packages}` (Debian, Ubuntu), or give --corpus"
@@ -142,7 +141,7 @@ def prose_corpus() -> list[str]:
 
 def reference_corpus() -> list[str]:
     """Python's reference documentation: English prose that shares no text with the benchmarks, shipped with
-    every CPython (the default corpus of the reference infini-gram index and of train-nugget)."""
+    every CPython (the default corpus of the reference infini-gram index)."""
     import pydoc_data.topics
 
     return [text for _, text in sorted(pydoc_data.topics.topics.items())]

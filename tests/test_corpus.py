@@ -93,8 +93,7 @@ def test_a_dictd_database_reads_as_one_document_per_entry_unwrapped(tmp_path):
 def test_the_default_training_corpus_says_how_to_install_it(monkeypatch, tmp_path):
     from decodebench import corpus
 
-    monkeypatch.setattr(
-        corpus, "PROSE_DICTIONARIES", {str(tmp_path / "foldoc.index"): "FOLDOC (GFDL 1.1+; dict-foldoc)"}
-    )
+    missing = {str(tmp_path / "foldoc.index"): ("FOLDOC", "GFDL 1.1+", "dict-foldoc")}
+    monkeypatch.setattr(corpus, "PROSE_DICTIONARIES", missing)
     with pytest.raises(CorpusError, match=r"missing .*foldoc\.index.*`apt-get install dict-foldoc`"):
         corpus.prose_corpus()

@@ -16,7 +16,7 @@ Two other layouts can be asked for (``TrainingSettings.autoencode``, ``chat``): 
 target is the compressed part itself (the paper's autoencoding objective, section 4; an instruction after
 the soft token says which is asked), and windows laid out in the model's chat template as decodebench's
 tasks prompt it. On the embedded model both did worse on held-out SQuAD questions than plain continuation
-(docs/nugget-study.md), so the defaults are the paper's zero-shot layout.
+(docs/nugget-recipes.md), so the defaults are the paper's zero-shot layout.
 
 What is scaled down for two CPU cores, and why: the paper's parts are up to 512 and 128 tokens
 and it trains for up to 150k steps with Adam (lr 1e-4, betas 0.9/0.95, eps 1e-5, 2k warm-up steps,
@@ -161,11 +161,9 @@ class Framing:
             opening, closing = rendered.split(marker)
             self.opening, self.separator, self.closing = map(self.tokenize, (opening, "\n\n", closing))
             self.end = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-            self.chat = True
         else:
             self.opening, self.separator, self.closing, self.end = [], [], self.tokenize("\n"), []
-            self.chat = False
-        self.instructed = self.chat or settings.autoencode > 0
+        self.instructed = bool(self.opening) or settings.autoencode > 0
 
     def window(self, part: list[int], continuation: list[int], autoencode: bool) -> Window:
         prompt = self.instructions[autoencode] + self.closing if self.instructed else []

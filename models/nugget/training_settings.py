@@ -20,7 +20,7 @@ class TrainingSettings:
     lr: float = 5e-4
     # share of windows whose target is the compressed part itself (the paper's autoencoding, section 4); the rest
     # continue it (its zero-shot setting, section 6). Both lost to continuation alone in decodebench's trials
-    # (docs/nugget-study.md), as did windows laid out in the model's chat template (``chat``)
+    # (docs/nugget-recipes.md), as did windows laid out in the model's chat template (``chat``)
     autoencode: float = 0.0
     chat: bool = False
     warmup: float = 0.05  # share of the steps
