@@ -4,11 +4,13 @@ that are refused when they cannot be trusted, and memory that stays linear in th
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from decodebench.corpus import PROSE_CORPUS
 from decodebench.models.nugget.checkpoint import FORMAT, CheckpointError, read_checkpoint
 from decodebench.models.nugget.training import TrainingSettings, shingles, split_corpus, train
 
@@ -201,7 +203,9 @@ def test_the_shipped_checkpoints_match_their_manifests_and_refuse_other_models(t
         checkpoint = read_checkpoint(path)
         assert checkpoint.ratio == ratio and checkpoint.has_adapters and path.stat().st_size <= 16 * 2**20
         assert {t.dtype for t in checkpoint.tensors.values()} == {torch.bfloat16}
-        assert manifest["corpus"].startswith("Python's reference documentation") and manifest["steps"] >= 1000
+        # train-nugget's defaults are the shipped runs' settings and corpus: `--ratio R` alone repeats them
+        assert manifest["settings"] == asdict(TrainingSettings(ratio=float(ratio)))
+        assert manifest["corpus"] == PROSE_CORPUS and manifest["steps"] == TrainingSettings().steps
         assert manifest["command"].startswith("decodebench train-nugget") and len(manifest["revision"]) >= 40
     assert sorted(p.name for p in WEIGHTS_DIR.glob("*.safetensors")) == [
         "embedded-r10.safetensors",
