@@ -84,3 +84,18 @@ def test_a_rerun_replaces_a_pages_data_and_a_failed_one_leaves_the_previous_in_p
         common.page(args, [], failing, render)
     assert sorted(p.name for p in folder.iterdir()) == ["second.json"]
     assert not folder.with_name(folder.name + ".previous").exists()
+
+
+def test_nugget_kept_finds_an_answers_tokens_by_their_characters():
+    from nugget_kept import answer_tokens
+
+    context = "The cat sat on the mat."
+    prompt = "<s>user\n" + context + "\n\nWhere did the cat sit?"
+    at = prompt.index(context)
+    # tokens: "<s>user\n", "The", " cat", " sat", " on", " the", " ma", "t.", "\n\nWhere..."
+    cuts = [0, at, at + 3, at + 7, at + 11, at + 14, at + 18, at + 21, at + 23, len(prompt)]
+    offsets = list(zip(cuts, cuts[1:], strict=False))
+    assert answer_tokens(offsets, prompt, context, context.index("the mat"), "the mat") == [5, 6, 7]
+    assert answer_tokens(offsets, prompt, context, 4, "cat") == [2]
+    with pytest.raises(ValueError, match="not found"):
+        answer_tokens(offsets, prompt, context, 0, "cat")
