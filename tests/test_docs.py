@@ -5,6 +5,7 @@ is lost must say so at its top (NOT_RECOMPUTABLE)."""
 from __future__ import annotations
 
 import importlib
+import itertools
 import sys
 
 import pytest
@@ -94,7 +95,7 @@ def test_nugget_kept_finds_an_answers_tokens_by_their_characters():
     at = prompt.index(context)
     # tokens: "<s>user\n", "The", " cat", " sat", " on", " the", " ma", "t.", "\n\nWhere..."
     cuts = [0, at, at + 3, at + 7, at + 11, at + 14, at + 18, at + 21, at + 23, len(prompt)]
-    offsets = list(zip(cuts, cuts[1:], strict=False))
+    offsets = list(itertools.pairwise(cuts))
     assert answer_tokens(offsets, prompt, context, context.index("the mat"), "the mat") == [5, 6, 7]
     assert answer_tokens(offsets, prompt, context, 4, "cat") == [2]
     with pytest.raises(ValueError, match="not found"):
