@@ -40,6 +40,7 @@ PAGES = {
     "docs/benchmarks/overhead.md": "overhead_bench",
     "docs/benchmarks/served.md": "served_bench",
     "docs/nugget-study.md": "nugget_study",
+    "docs/nugget-kept.md": "nugget_kept",
 }
 # pages that measure nothing (design notes): they say so in their first lines
 DESIGN_NOTES = ("docs/nugget-engines.md",)

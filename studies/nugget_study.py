@@ -431,8 +431,9 @@ def render(folder: Path) -> str:
         "Paper anchors (LLaMA-2-7B-chat, zero-shot, trained on the Pile): SQuAD accuracy full 64.5, 5x 59.1 (92%), "
         "10x 49.8 (77%).",
         "",
-        "What the compressor learns on its own objective (held-out continuation loss per selector) and where "
-        "squad_mini's answers lie among the kept tokens: docs/nugget-objective.md (`tox -e nugget-objective`).",
+        "How often each selector keeps the tokens of squad_mini's answers, and each one's accuracy where it kept "
+        "and where it dropped them: docs/nugget-kept.md (`tox -e nugget-kept`). What an older compressor learned "
+        "on its own objective (held-out continuation loss per selector): docs/nugget-objective.md.",
         "",
     ]
     return "\n".join(lines)
