@@ -17,8 +17,7 @@ target is the compressed part itself (the paper's autoencoding objective, sectio
 the soft token says which is asked), and windows laid out in the model's chat template as decodebench's
 tasks prompt it. On the embedded model both answered fewer held-out SQuAD questions than plain continuation
 and drifted into repetition in short trials (400 steps at ratio 5, 100 dev questions squad_mini does not use;
-the study is studies/nugget_recipes.py on the nugget-recipes branch, its page not yet generated), so the
-defaults are the paper's zero-shot layout.
+not yet a committed study), so the defaults are the paper's zero-shot layout.
 
 What is scaled down for two CPU cores, and why: the paper's parts are up to 512 and 128 tokens
 and it trains for up to 150k steps with Adam (lr 1e-4, betas 0.9/0.95, eps 1e-5, 2k warm-up steps,
