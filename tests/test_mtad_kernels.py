@@ -239,3 +239,155 @@ def test_beam_sampling_draws_from_the_joint_and_returns_the_best_drawn_beam_firs
     assert torch.equal(scores, scores.sort(descending=True).values)
     one, _, _ = beam_sample_step(torch.zeros(1), logq, 8, generator)
     assert len(one) == 3  # only 3 extensions have a non-zero probability
+
+
+# -- block verification (Sun et al., ICLR 2025, Algorithm 2) ---------------------------------------------------------
+def algorithm_2(big: list[list[float]], small: list[list[float]], draft: list[int], eta: list[float], u: float):
+    """Block verification as the paper prints it, one row at a time in plain floats: big = M_b(. | X^i) for
+    i = 0..gamma, small = M_s(. | X^i) for i = 0..gamma-1. Y is drawn by inverting the CDF at ``u``."""
+    gamma = len(draft)
+    p, tau = [1.0], 0
+    for i in range(1, gamma + 1):
+        p.append(min(p[i - 1] * big[i - 1][draft[i - 1]] / small[i - 1][draft[i - 1]], 1.0))
+        if i < gamma:
+            residual = sum(max(p[i] * b - s, 0.0) for b, s in zip(big[i], small[i], strict=True))
+            h = residual / (residual + 1 - p[i]) if residual + 1 - p[i] > 0 else 1.0
+        else:
+            h = p[i]
+        if eta[i - 1] <= h:
+            tau = i
+    if tau == gamma:
+        distribution = big[gamma]
+    else:
+        distribution = [max(p[tau] * b - s, 0.0) for b, s in zip(big[tau], small[tau], strict=True)]
+        if sum(distribution) == 0:
+            distribution = big[tau]
+    total, running = sum(distribution), 0.0
+    for token, weight in enumerate(distribution):
+        running += weight
+        if running > u * total:
+            return tau, token
+    return tau, len(distribution) - 1
+
+
+def test_block_verification_equals_the_papers_algorithm_on_10000_random_cases():
+    """kernels/mtad.py's batched block_verify against a literal transcription of Algorithm 2, row by row (float64),
+    drafts of 1-5 tokens from the draft distribution, a draft of another shape now and then (q far from p). A block
+    cut by a -1 draft token is verified as the block before the cut, with Y from M_b at the cut."""
+    from decodebench.kernels.mtad import block_verify, sample_with_uniforms
+
+    generator = torch.Generator().manual_seed(11)
+    vocab, cases, cut_cases = 6, 0, 0
+    for batch in range(100):
+        rows, gamma = 100, int(torch.randint(1, 6, (1,), generator=generator))
+        scale = 4.0 if batch % 3 == 0 else 1.5
+        big_logits = torch.randn(rows, gamma + 1, vocab, generator=generator, dtype=torch.float64) * scale
+        big = torch.softmax(big_logits, -1)
+        small = torch.softmax(torch.randn(rows, gamma, vocab, generator=generator, dtype=torch.float64) * scale, -1)
+        draft = torch.multinomial(small.reshape(-1, vocab), 1, generator=generator).view(rows, gamma)
+        counts = torch.randint(1, gamma + 1, (rows,), generator=generator)
+        cut = torch.where(torch.rand(rows, generator=generator) < 0.2, torch.randint(0, gamma, (rows,)), gamma)
+        draft = torch.where(torch.arange(gamma)[None] == cut[:, None], -1, draft)
+        eta = torch.rand(rows, gamma, generator=generator, dtype=torch.float64)
+        uniforms = torch.rand(rows, generator=generator, dtype=torch.float64)
+        after = sample_with_uniforms(big[torch.arange(rows), counts], uniforms)  # Y after a fully kept draft
+        kept, following = block_verify(big_logits[:, :gamma], small, draft, counts, eta, uniforms, after)
+        for row in range(rows):
+            n = int(min(counts[row], cut[row]))  # the block: the draft positions before the cut
+            big_row, small_row = big[row, : n + 1].tolist(), small[row, :n].tolist()
+            expected = algorithm_2(
+                big_row, small_row, draft[row, :n].tolist(), eta[row, :n].tolist(), float(uniforms[row])
+            )
+            assert (int(kept[row]), int(following[row])) == expected, (batch, row, n)
+            cases += 1
+            cut_cases += n < counts[row]
+    assert cases >= 10_000 and cut_cases > 500
+
+
+def markov_sampling(rule, rows: int, generator: torch.Generator):
+    """Two tokens generated from a small Markov target M_b (the next token's distribution depends on the previous
+    token) with drafts of 3 from a Markov M_s, one verification rule per call, as many iterations as it takes:
+    [rows, 2] tokens, and the target's joint distribution of the pair."""
+    vocab, gamma = 5, 3
+    target = torch.softmax(torch.randn(vocab + 1, vocab, generator=generator, dtype=torch.float64) * 1.5, -1)
+    draft_model = torch.softmax(torch.randn(vocab + 1, vocab, generator=generator, dtype=torch.float64) * 1.5, -1)
+    start = torch.full((rows,), vocab)  # the context: a token outside the vocabulary
+    out = torch.full((rows, 2), -1)
+    filled = torch.zeros(rows, dtype=torch.long)
+    last = start.clone()
+    while (filled < 2).any():
+        drafts, previous = [], last
+        for _ in range(gamma):
+            previous = torch.multinomial(draft_model[previous], 1, generator=generator).squeeze(-1)
+            drafts.append(previous)
+        draft = torch.stack(drafts, -1)
+        context = torch.cat([last[:, None], draft], -1)  # the token before each position
+        big, small = target[context], draft_model[context[:, :gamma]]
+        uniforms = torch.rand(rows, gamma + 1, generator=generator, dtype=torch.float64)
+        after = torch.multinomial(big[:, gamma], 1, generator=generator).squeeze(-1)
+        kept, following = rule(big, small, draft, uniforms, after)
+        emitted = torch.cat([draft, torch.zeros(rows, 1, dtype=torch.long)], -1)
+        emitted[torch.arange(rows), kept] = following
+        for row in range(rows):
+            for token in emitted[row, : int(kept[row]) + 1].tolist():
+                if filled[row] < 2:
+                    out[row, filled[row]] = token
+                    filled[row] += 1
+            last[row] = emitted[row, kept[row]]
+    joint = target[vocab][:, None] * target[:vocab]
+    return out, joint
+
+
+def total_variation(tokens: torch.Tensor, joint: torch.Tensor) -> float:
+    vocab = joint.shape[0]
+    counts = torch.bincount(tokens[:, 0] * vocab + tokens[:, 1], minlength=vocab * vocab).double()
+    return float((counts / counts.sum() - joint.reshape(-1)).abs().sum() / 2)
+
+
+def test_block_verification_is_lossless_and_a_lossy_rule_fails_the_same_check():
+    """The paper's guarantee: the tokens come out distributed as the target's. Two tokens from a Markov target over
+    40,000 seeded rows: total variation from the target's joint within sampling noise (about 0.02 here); MTAD's rule
+    with tau = 0.1, which accepts more than the target allows, is far outside it on the same check."""
+    from decodebench.kernels.mtad import block_verify, mtad_verify
+
+    def block(big, small, draft, uniforms, after):
+        rows, gamma = draft.shape
+        return block_verify(
+            big[:, :gamma].log(),
+            small,
+            draft,
+            torch.full((rows,), gamma),
+            uniforms[:, :gamma],
+            uniforms[:, gamma],
+            after,
+        )
+
+    def mtad(big, small, draft, uniforms, after):
+        rows, gamma = draft.shape
+        joint_q = small.gather(-1, draft[..., None]).squeeze(-1).log().cumsum(-1)
+        return mtad_verify(big[:, :gamma].log(), draft, joint_q, torch.full((rows,), gamma), 0.1, uniforms[:, 0], after)
+
+    lossless, joint = markov_sampling(block, 40_000, torch.Generator().manual_seed(12))
+    lossy, same_joint = markov_sampling(mtad, 40_000, torch.Generator().manual_seed(12))
+    assert torch.equal(joint, same_joint)
+    assert total_variation(lossless, joint) < 0.035
+    assert total_variation(lossy, joint) > 0.07
+
+
+def test_block_verification_keeps_what_the_papers_example_says():
+    """Section 1's example: context-free M_b = (1/3, 2/3), M_s = (2/3, 1/3) over {a, b}, blocks of 2. Token-by-token
+    verification keeps 10/9 draft tokens per block in expectation, block verification 11/9."""
+    from decodebench.kernels.mtad import block_verify, sample_with_uniforms
+
+    n, generator = 400_000, torch.Generator().manual_seed(13)
+    big, small = torch.tensor([1 / 3, 2 / 3], dtype=torch.float64), torch.tensor([2 / 3, 1 / 3], dtype=torch.float64)
+    draft = torch.multinomial(small.expand(n, 2), 2, replacement=True, generator=generator)
+    eta = torch.rand(n, 2, generator=generator, dtype=torch.float64)
+    uniforms = torch.rand(n, generator=generator, dtype=torch.float64)
+    after = sample_with_uniforms(big.expand(n, 2), uniforms)
+    kept, _ = block_verify(
+        big.log().expand(n, 2, 2), small.expand(n, 2, 2), draft, torch.full((n,), 2), eta, uniforms, after
+    )
+    standard, _ = speculative_accept(draft, small.expand(n, 2, 2), big.expand(n, 3, 2), generator=generator)
+    assert abs(kept.double().mean() - 11 / 9) < 0.006
+    assert abs(standard.double().mean() - 10 / 9) < 0.006
