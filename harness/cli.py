@@ -212,7 +212,7 @@ def _serve(args: argparse.Namespace) -> int:
     unless --kv-cache-memory-bytes or --gpu-memory-utilization is given."""
     from decodebench.serve import run_serve
 
-    return run_serve(args.model, args.host, args.port, args.vllm_args)
+    return run_serve(args.model, args.host, args.port, args.vllm_args, args.model_runner)
 
 
 def _methods(args: argparse.Namespace) -> int:
@@ -376,6 +376,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model", default=None, help="a local path or hub id (default: the embedded model)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    serve.add_argument(
+        "--model-runner",
+        choices=("auto", "v1", "v2"),
+        default="auto",
+        help="vLLM's model runner: v1, v2, or auto (default): v1 for a server that speculates (where decodebench's "
+        "MTAD and block verification rules live), vLLM's own choice otherwise",
+    )
     serve.set_defaults(vllm_args=[])  # every other argument goes to `vllm serve` unchanged (see main)
 
     listing = command(

@@ -36,14 +36,21 @@ def vllm_command(model: str, host: str, port: int, vllm_args: list[str]) -> list
     return command
 
 
-def server_environment() -> dict[str, str]:
-    """This environment, plus what decodebench's vLLM plugins need of the engine unless it says otherwise (MTAD's
-    rule wraps the V1 model runner's sampler: models/mtad/vllm_plugin.py)."""
+def server_environment(vllm_args: list[str], model_runner: str = "auto") -> dict[str, str]:
+    """This environment, with vLLM's model runner chosen (models/model_runners.py): ``model_runner`` as asked, or by
+    default vLLM's V1 runner for a server that speculates (decodebench's verification rules, MTAD and block, wrap its
+    rejection sampler: models/mtad/vllm_plugin.py) and vLLM's own choice otherwise."""
     import os
 
-    from decodebench.models.mtad.vllm_plugin import V1_RUNNER
+    from decodebench.models.model_runners import RunnerNeed, runner_environment
 
-    return {**V1_RUNNER, **os.environ}
+    speculates = any(_flag_value(vllm_args, flag) is not None for flag in SPECULATIVE_FLAGS)
+    why = "decodebench's verification rules (MTAD, block) wrap the rejection sampler of vLLM's V1 model runner"
+    need = RunnerNeed("v1", why, required=False) if speculates else None
+    return {**os.environ, **runner_environment(model_runner, need)}
+
+
+SPECULATIVE_FLAGS = ("--speculative-config", "--speculative_config", "-sc")
 
 
 def _on_cpu() -> bool:
@@ -80,13 +87,16 @@ def _stop_on_term(signum, frame):
     raise KeyboardInterrupt
 
 
-def run_serve(model: str | None, host: str, port: int, vllm_args: list[str]) -> int:
+def run_serve(model: str | None, host: str, port: int, vllm_args: list[str], model_runner: str = "auto") -> int:
     from decodebench.models.backend import resolve_pretrained
+    from decodebench.models.model_runners import RUNNER_ENV
 
     target, embedded = resolve_pretrained(model)
+    environment = server_environment(vllm_args, model_runner)  # a contradiction fails here, before anything starts
     command = vllm_command(str(target), host, port, vllm_args)
-    print("starting: " + " ".join(command), flush=True)
-    server = subprocess.Popen(command, env=server_environment())
+    runner = {"0": "V1", "1": "V2"}.get(environment.get(RUNNER_ENV, ""), "vLLM's choice")
+    print(f"starting ({RUNNER_ENV}: {runner} model runner): " + " ".join(command), flush=True)
+    server = subprocess.Popen(command, env=environment)
     signal.signal(signal.SIGTERM, _stop_on_term)
     shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     base = f"http://{shown_host}:{port}"

@@ -81,6 +81,11 @@ class BackendLM:
         """Raise a ValueError naming any of the backend's own arguments whose value it cannot take (none by default:
         the library checks its own)."""
 
+    @classmethod
+    def check_method_args(cls, method: Method, args: dict[str, Any]) -> None:
+        """Raise a ValueError when the backend's arguments contradict what the method needs of it (nothing by
+        default)."""
+
     def warn_if_chat_template_unused(self, applied: bool) -> None:
         """Said before generation: a chat model prompted without its template often answers nothing at all
         (the embedded instruct model returns an empty string for every squad_mini and cnndm_mini document)."""

@@ -21,6 +21,7 @@ Hooks (all optional; the defaults are plain decoding):
   decoding of a batch altogether and returns a ``DecodeOutput``; ``hf_score(...)`` computes
   per-row statistics after decoding, outside the timed window;
 - vLLM: ``vllm_engine_args(args, pretrained)`` adjusts the engine's arguments (speculative decoding),
+  ``vllm_model_runner(args)`` says which of vLLM's model runners its pieces need (models/model_runners.py),
   ``vllm_logits_processors()`` names engine logits processor classes, and
   ``vllm_sampling_kwargs(kwargs)`` adjusts each request's ``SamplingParams``;
 - results: ``summarize(records, engine)`` aggregates per-request statistics of one task (and the engine's
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     import torch
 
     from decodebench.measure import RequestRecord
+    from decodebench.models.model_runners import RunnerNeed
 
 
 @dataclass
@@ -126,6 +128,7 @@ class Method:
                 f"  {backend} arguments: {', '.join(sorted(allowed))}."
             )
         backend_class.check_backend_args(rest)
+        backend_class.check_method_args(cls(config), rest)
         return config, backend_class, rest
 
     @classmethod
@@ -169,6 +172,11 @@ class Method:
     def vllm_engine_args(self, args: dict[str, Any], pretrained: str) -> dict[str, Any]:
         """The vLLM engine's arguments for this method (speculative decoding's config, ...; unchanged by default)."""
         return args
+
+    def vllm_model_runner(self, engine_args: dict[str, Any]) -> RunnerNeed | None:
+        """What this method's vLLM pieces need of vLLM's model runner for an engine of these arguments (a
+        ``RunnerNeed``), or None when either runner serves (vLLM chooses)."""
+        return None
 
     def vllm_logits_processors(self) -> list[type]:
         """vLLM logits processor classes to load into the engine (none by default)."""

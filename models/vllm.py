@@ -2,10 +2,14 @@
 
 lm-eval's ``VLLM`` already passes ``tensor_parallel_size`` and ``data_parallel_size`` (Ray
 workers) through, applies chat templates and scores log-likelihoods; this subclass replaces
-``generate_until`` so that every request is measured, and asks its method (``models/base.py``)
-for two things:
+``generate_until`` so that every request is measured, and asks its method (``models/method.py``)
+for what changes:
 
-- ``vllm_logits_processors()``: V1 ``LogitsProcessor`` classes given to ``LLM(...)`` once;
+- ``vllm_engine_args(args, pretrained)``: the engine's arguments (speculative decoding);
+- ``vllm_model_runner(args)``: which of vLLM's model runners its pieces need. The engine starts on the runner
+  ``model_runner`` asks for (``auto``, ``v1``, ``v2``; models/model_runners.py), and the results record the one it
+  ran;
+- ``vllm_logits_processors()``: logits processor classes given to ``LLM(...)`` once;
 - ``vllm_sampling_kwargs(kwargs)``: a request's ``SamplingParams`` keyword arguments (penalties,
   ``extra_args`` read by the engine's processors).
 
@@ -33,6 +37,7 @@ from decodebench.models import backend
 from decodebench.models.backend import BackendLM, resolve_pretrained
 from decodebench.models.decoding import decoding_record
 from decodebench.models.method import Method
+from decodebench.models.model_runners import RUNNER_ENV, runner_environment, runner_of, start_environment
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +45,11 @@ log = logging.getLogger(__name__)
 class VLLMBackend(BackendLM, VLLM):
     backend_name = "vllm"
 
-    def __init__(self, method: Method, pretrained: Any = None, **backend_kwargs):
+    def __init__(self, method: Method, pretrained: Any = None, model_runner: str = "auto", **backend_kwargs):
         self.method = method
         pretrained, self.uses_embedded_model = resolve_pretrained(pretrained)
         backend_kwargs = method.vllm_engine_args(dict(backend_kwargs), str(pretrained))
+        start_environment(str(model_runner), method.vllm_model_runner(backend_kwargs))
         processors = method.vllm_logits_processors()
         if processors:
             backend_kwargs["logits_processors"] = [*backend_kwargs.get("logits_processors", []), *processors]
@@ -63,16 +69,31 @@ class VLLMBackend(BackendLM, VLLM):
                 ) from None
             raise
         self.pretrained_name = pretrained
+        self.model_runner = self._model_runner()
         # the engine core and its workers are other processes: this one's memory says nothing of theirs
         self.init_measurement(self._open_meter(), memory=NoMemory("vLLM's engine runs in its own processes"))
         method.setup(self)
+
+    def _model_runner(self) -> str:
+        """The model runner the engine runs: read from its configuration, or (data parallel: the engines are Ray
+        workers of the same environment) from the variable they all start with."""
+        model = getattr(self, "model", None)
+        if model is not None:
+            return runner_of(model.llm_engine.vllm_config)
+        from_env = os.environ.get(RUNNER_ENV)
+        return {"0": "v1", "1": "v2"}.get((from_env or "").strip(), "vLLM's choice (data parallel workers)")
 
     @classmethod
     def accepted_args(cls):
         params = inspect.signature(VLLM.__init__).parameters.values()
         named = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
         engine = {field.name for field in dataclasses.fields(EngineArgs)}
-        return sorted((named | engine | {"device"}) - {"self", "backend", "model"})
+        return sorted((named | engine | {"device", "model_runner"}) - {"self", "backend", "model"})
+
+    @classmethod
+    def check_method_args(cls, method: Method, args: dict[str, Any]) -> None:
+        """The model runner asked for (``model_runner``, one of ``RUNNERS``) against what the method needs."""
+        runner_environment(str(args.get("model_runner", "auto")), method.vllm_model_runner(args))
 
     @classmethod
     def check_backend_args(cls, args: dict[str, Any]) -> None:
@@ -170,6 +191,7 @@ class VLLMBackend(BackendLM, VLLM):
     def get_model_info(self) -> dict:
         info = super().get_model_info() if hasattr(super(), "get_model_info") else {}
         info["decodebench"] = self.decodebench_info(self.pretrained_name, self.uses_embedded_model, "vllm")
+        info["decodebench"]["model_runner"] = self.model_runner
         return info
 
 

@@ -54,7 +54,7 @@ WINDOW, BUFFER = LZ.window, LZ.buffer
 CODELENGTHS = (LZ.codelength, *(c for c in KERNEL_CODELENGTHS if c != LZ.codelength))
 # the last revision whose vLLM processor rebuilt each row's history from Python lists at every step
 BEFORE = "f488cde"
-PROCESSOR_FILE = "models/lz/vllm_processor.py"
+PROCESSOR_FILE = "models/lz/vllm_processor.py"  # its path at that revision
 
 
 # -- 1. the kernel ------------------------------------------------------------------------------
@@ -84,7 +84,7 @@ def kernel_rows(device: str, repeats: int = 30) -> list[dict]:
 def processor_class(revision: str | None):
     """This tree's vLLM processor, or the one of ``revision`` (read with git, loaded from a temporary file)."""
     if revision is None:
-        from decodebench.models.lz.vllm_processor import LZPenaltyV1LogitsProcessor
+        from decodebench.models.lz.vllm_v1_processor import LZPenaltyV1LogitsProcessor
 
         return LZPenaltyV1LogitsProcessor
     source = subprocess.run(
@@ -189,15 +189,10 @@ def vllm_worker(checkpoint: str, prompts: list[list[int]], new_tokens: int, roun
     """Seconds per round with and without the LZ penalty on one vLLM engine (run in its own process)."""
     from vllm import LLM, SamplingParams, TokensPrompt
 
-    from decodebench.models.lz.vllm_processor import LZPenaltyV1LogitsProcessor, lz_extra_args
+    from decodebench.models.lz.vllm_processor import lz_extra_args
 
-    llm = LLM(
-        model=checkpoint,
-        gpu_memory_utilization=0.3,
-        max_model_len=2048,
-        seed=0,
-        logits_processors=[LZPenaltyV1LogitsProcessor],
-    )
+    # installed, decodebench registers the processor with vLLM: naming it again would load it twice
+    llm = LLM(model=checkpoint, gpu_memory_utilization=0.3, max_model_len=2048, seed=0)
     inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
     settings = {
         name: SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True, extra_args=extra)

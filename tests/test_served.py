@@ -1,7 +1,8 @@
 """The served backend against a real `vllm serve` (vLLM's CPU build) over loopback, started by `decodebench serve`.
 
-One plain server is shared by the module; a second one, speculating with a draft model, shows chunks that carry
-several tokens, verifies MTAD's requests by MTAD's rule, and is killed mid-run at the end.
+One plain server is shared by the module; a second one, speculating with a draft model in bfloat16 (what GPU users
+serve), shows chunks that carry several tokens, verifies MTAD's and block verification's requests by their rules
+(structured outputs among them), and is killed mid-run at the end.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ if importlib.util.find_spec("vllm") is None and not os.environ.get("DECODEBENCH_
     pytest.skip("vLLM is not installed (run `tox -e vllm`)", allow_module_level=True)
 
 # float32 on both sides: in bfloat16 a batch of another size flips a near-tie of greedy decoding now and then
-SERVER_ARGS = ("--max-model-len", "1024", "--enforce-eager", "--seed", "0", "--dtype", "float32")
+SERVER_ARGS = ("--max-model-len", "1024", "--enforce-eager", "--seed", "0")
+FLOAT32 = ("--dtype", "float32")
 LIMIT = "8"
 SHORT = ("--gen_kwargs", "max_gen_toks=24")
 # the in-process engine of the same settings, for answers to compare with
@@ -86,7 +88,7 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(embedded_checkpoint, tmp_path_factory):
-    running = Server(tmp_path_factory.mktemp("served"))
+    running = Server(tmp_path_factory.mktemp("served"), *FLOAT32)
     yield running
     running.stop()
 
@@ -281,14 +283,20 @@ def test_bad_input_and_faults_say_what_happened(server, tmp_path):
 @pytest.fixture(scope="module")
 def speculative_server(embedded_checkpoint, tmp_path_factory):
     """A server drafting with the target's first 10 layers (a draft model: q reaches the verifier), as
-    ``--model mtad --model_args backend=vllm,draft=self:10`` configures its engine."""
+    ``--model mtad --model_args backend=vllm,draft=self:10`` configures its engine, in bfloat16."""
     from decodebench.models.mtad.config import MTADConfig
     from decodebench.models.mtad.vllm_engine import speculative_config
 
     config = speculative_config(MTADConfig(draft="self:10"), str(embedded_checkpoint))
-    running = Server(tmp_path_factory.mktemp("speculative"), "--speculative-config", json.dumps(config))
+    args = ("--speculative-config", json.dumps(config), "--dtype", "bfloat16")
+    running = Server(tmp_path_factory.mktemp("speculative"), *args)
     yield running
     running.stop()
+
+
+def test_a_server_that_speculates_starts_on_the_runner_its_rules_need(speculative_server, server):
+    assert "VLLM_USE_V2_MODEL_RUNNER: V1 model runner" in speculative_server.output()
+    assert "VLLM_USE_V2_MODEL_RUNNER: vLLM's choice" in server.output()
 
 
 def test_with_speculation_chunks_carry_several_tokens_and_the_counters_show_it(speculative_server, tmp_path):
@@ -341,7 +349,44 @@ def test_mtad_through_the_server_verifies_by_its_rule_and_vllms_rule_stays_for_t
     assert rates["mtad"] == 1.0 and rates["baseline"] < 1.0, rates
 
 
-def test_lz_through_a_server_that_speculates_says_it_was_not_applied(speculative_server, tmp_path):
+def test_sampled_mtad_and_block_requests_with_structured_outputs_complete_and_the_server_keeps_serving(
+    speculative_server, embedded_checkpoint
+):
+    """Sampled MTAD (top-k and top-p: the draft is warped, in float32, from a bfloat16 draft model) and block
+    verification, each on requests whose output a grammar constrains (vLLM marks draft tokens the grammar refuses
+    with -1, which the rules must never keep or index with), beside a plain request: every answer obeys the grammar,
+    and the server answers again afterwards."""
+    base = speculative_server.base_url.removesuffix("/v1")
+    choices = ["positive", "negative", "neutral"]
+
+    def complete(**extra):
+        payload = {
+            "model": str(embedded_checkpoint),
+            "prompt": "Review: the film was a delight from start to end. Sentiment:",
+            "max_tokens": 24,
+            "temperature": 1.0,
+            "top_k": 20,
+            "top_p": 0.9,
+            "seed": 7,
+            **extra,
+        }
+        return _post(f"{base}/v1/completions", payload)
+
+    grammar = {"structured_outputs": {"choice": choices}}
+    requests = [{"vllm_xargs": {"mtad_tau": 0.1}, **grammar}, {"vllm_xargs": {"block_verify": True}, **grammar}]
+    requests += [{"vllm_xargs": {"mtad_tau": 0.1}}, {"vllm_xargs": {"block_verify": True}}, {}]
+    with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+        answers = list(pool.map(lambda extra: complete(**extra), requests))
+    assert [status for status, _ in answers] == [200] * len(requests), answers
+    assert [answer["choices"][0]["text"] in choices for _, answer in answers[:2]] == [True, True], answers[:2]
+    assert all(answer["choices"][0]["text"] for _, answer in answers[2:])
+    status, again = complete()
+    assert status == 200 and again["choices"][0]["text"]
+
+
+def test_lz_through_a_server_that_speculates_says_when_it_applies(speculative_server, tmp_path):
+    """A server that speculates applies the LZ penalty only on vLLM's V2 runner (this one runs V1), which the client
+    cannot see: the results say so."""
     args = f"backend=served,pretrained=embedded,base_url={speculative_server.base_url}"
     proc = run_lm_eval(
         *("--model", "lz", "--model_args", args, "--tasks", "cnndm_mini", "--limit", "1"),
@@ -350,8 +395,8 @@ def test_lz_through_a_server_that_speculates_says_it_was_not_applied(speculative
     )
     assert proc.returncode == 0, explain(proc)
     method = read_results(tmp_path / "out")["config"]["decodebench"]["tasks"]["cnndm_mini"]["method"]
-    assert "vLLM applies none in an engine that speculates" in method["not_applied"]
-    assert "LZ was not applied" in proc.stderr
+    assert "only vLLM's V2 model runner applies one" in method["applied_if"]
+    assert "LZ through a server that speculates" in proc.stderr
 
 
 def test_a_server_killed_mid_run_fails_the_run_clearly_and_writes_no_results(speculative_server, tmp_path):

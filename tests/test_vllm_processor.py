@@ -1,5 +1,8 @@
-"""The LZ penalty's vLLM logits processor without an engine: random add/remove/move/swap
-sequences from vLLM's own BatchUpdateBuilder, each batch row checked against its own request."""
+"""The LZ penalty's vLLM logits processors without an engine, on both of vLLM's model runners: vLLM 0.32.0's own
+loaders build what decodebench registers; the V1 processor follows random add/remove/move/swap sequences from vLLM's
+own BatchUpdateBuilder, each batch row checked against its own request; the V2 processor, driven through its
+interface on vLLM's own request state, gives the kernel's penalty for every row's history (speculative positions
+included) and the V1 processor's where both apply."""
 
 from __future__ import annotations
 
@@ -7,6 +10,9 @@ import importlib.util
 import math
 import os
 import random
+import subprocess
+import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -105,7 +111,7 @@ def expected_row(request: dict, logits: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("seed", range(5))
 def test_processor_follows_batch_updates_and_matches_each_request_alone(seed):
-    from decodebench.models.lz.vllm_processor import LZPenaltyV1LogitsProcessor
+    from decodebench.models.lz.vllm_v1_processor import LZPenaltyV1LogitsProcessor
 
     rng = random.Random(seed)
     processor = LZPenaltyV1LogitsProcessor(None, torch.device("cpu"), False)
@@ -128,10 +134,10 @@ def test_processor_follows_batch_updates_and_matches_each_request_alone(seed):
 def test_bad_per_request_settings_are_refused_with_the_allowed_ones():
     from vllm import SamplingParams
 
-    from decodebench.models.lz.vllm_processor import LZPenaltyV1LogitsProcessor
+    from decodebench.models.lz.vllm_processor import LZPenaltyLogitsProcessor
 
     def check(**extra):
-        LZPenaltyV1LogitsProcessor.validate_params(SamplingParams(extra_args=extra))
+        LZPenaltyLogitsProcessor.validate_params(SamplingParams(extra_args=extra))
 
     with pytest.raises(ValueError, match=r"unknown LZ penalty settings \['lz_alpha'\]"):
         check(lz_penalty=0.15, lz_alpha=1)
@@ -160,3 +166,169 @@ def test_engine_arguments_of_the_wrong_kind_are_named_before_the_engine_starts(a
     with pytest.raises(ValueError, match=message):
         Baseline.check_args({"backend": "vllm", **args})
     Baseline.check_args({"backend": "vllm", "max_model_len": 2048.0, "enforce_eager": True, "dtype": "float32"})
+
+
+# -- both model runners --------------------------------------------------------------------------------------------
+@pytest.fixture
+def cpu_buffers(monkeypatch):
+    """vLLM's V2 buffers on this machine's CPU: vLLM 0.32.0 reports UVA available on the CPU build, then fails to pin
+    memory; its own fallback (device copies, here CPU tensors) is what a platform without UVA gets."""
+    from vllm.v1.worker.gpu import buffer_utils
+
+    monkeypatch.setattr(buffer_utils, "is_uva_available", lambda: False)
+
+
+def request_state(slots: int, length: int, spec: int):
+    """vLLM's V2 runner's own request state, on CPU tensors, and what processors see of it."""
+    from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcRequestState
+    from vllm.v1.worker.gpu.states import RequestState
+
+    state = RequestState(slots, length, 64, spec, V, torch.device("cpu"), use_dense_all_token_ids=True)
+    return state, LogitsProcRequestState.from_request_state(state)
+
+
+def test_vllms_own_loaders_build_what_decodebench_registers_on_either_runner(cpu_buffers, monkeypatch):
+    from vllm import SamplingParams
+    from vllm.config import VllmConfig
+    from vllm.exceptions import VLLMValidationError
+    from vllm.v1.engine.input_processor import InputProcessor
+    from vllm.v1.sample.logits_processor import LogitsProcessor as V1Processor
+    from vllm.v1.sample.logits_processor import build_logitsprocs
+    from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2Processor
+    from vllm.v1.worker.gpu.sample.logits_processor import loader
+
+    from decodebench.models.lz.vllm_processor import LZPenaltyLogitsProcessor
+    from decodebench.models.mtad.vllm_plugin import VerificationRequests, register
+
+    register()  # as every vLLM process does before its engine starts (vllm.general_plugins)
+    loader._cached_load_v2_logitsprocs.cache_clear()
+    # the V2 runner's loader (it raised ValueError naming decodebench_lz before) and its constructor
+    classes = loader._load_v2_logitsprocs_plugins()
+    assert {LZPenaltyLogitsProcessor, VerificationRequests} <= set(classes)
+    _, states = request_state(4, 64, 0)
+    built = loader.build_custom_logits_processors(VllmConfig(), states, False)
+    assert {type(p) for p in built} >= {LZPenaltyLogitsProcessor, VerificationRequests}
+    assert all(isinstance(p, V2Processor) for p in built)
+    # the V1 runner's: the same entry points build the V1 twins
+    names = {type(p).__name__ for p in build_logitsprocs(VllmConfig(), torch.device("cpu"), False, False).all}
+    assert {"LZPenaltyV1LogitsProcessor", "VerificationRequestsV1"} <= names
+    assert all(isinstance(p, V1Processor) for p in build_logitsprocs(VllmConfig(), "cpu", False, False).all)
+    # the input processor's per-request check, on each runner: LZ's arguments checked alike on both (a V2 engine's
+    # config cannot be made here, where V2 needs Triton: what the check reads of it)
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    for config in (VllmConfig(), SimpleNamespace(use_v2_model_runner=True, speculative_config=None)):
+        frontend = SimpleNamespace(
+            vllm_config=config, model_config=SimpleNamespace(logits_processors=None, runner_type="generate")
+        )
+        validate = InputProcessor._build_logits_processors_params_validator(frontend)
+        validate(SamplingParams(extra_args={"lz_penalty": 0.2, "lz_window": 64}))
+        with pytest.raises(VLLMValidationError, match=r"window=3: must be"):
+            validate(SamplingParams(extra_args={"lz_penalty": 0.2, "lz_window": 3}))
+
+
+def test_the_registered_modules_keep_vllms_frontend_light():
+    """vLLM's frontend imports every registered processor to check requests; vLLM keeps that import free of the
+    model runners' machinery, and so do decodebench's modules."""
+    code = (
+        "import sys\n"
+        "import decodebench.models.lz.vllm_processor, decodebench.models.mtad.vllm_plugin\n"
+        "heavy = [m for m in ('vllm.v1.sample.logits_processor', 'vllm.v1.worker.gpu.states',\n"
+        "         'vllm.v1.worker.gpu.buffer_utils', 'vllm.v1.sample.rejection_sampler') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def penalized_by_kernel(logits, history: list[int], config) -> torch.Tensor:
+    """One row's penalty from kernels/lz.py on its history alone."""
+    from decodebench.kernels.lz import apply_lz_penalty_
+
+    window = history[-config.window :] or [0]
+    return apply_lz_penalty_(
+        logits.clone()[None],
+        torch.tensor([window]),
+        torch.tensor([min(len(history), config.window)]),
+        config.strength,
+        config.window,
+        config.buffer,
+        config.codelength,
+    )[0]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_v2_processor_penalizes_every_rows_history_as_the_kernel_and_the_v1_processor_do(cpu_buffers, seed):
+    """Random batches on vLLM's V2 request state: requests in random slots, some asking for LZ with other settings,
+    committed tokens in ``all_token_ids``, 0-3 draft tokens each (one logits row per draft position, the drafts in
+    ``input_ids``). Every row equals the kernel on that row's history; the rows without drafts equal the V1 processor
+    on the same requests."""
+    import numpy as np
+    from vllm import SamplingParams
+    from vllm.config import VllmConfig
+    from vllm.v1.sample.logits_processor import BatchUpdate
+    from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsContext
+
+    from decodebench.models.lz import LZConfig
+    from decodebench.models.lz.vllm_processor import LZPenaltyLogitsProcessor, lz_extra_args
+
+    rng = random.Random(seed)
+    state, states = request_state(8, 96, 3)
+    v2 = LZPenaltyLogitsProcessor(VllmConfig(), states)
+    checked = 0
+    for _ in range(15):
+        slots = rng.sample(range(8), rng.randint(1, 8))
+        requests = []
+        for slot in slots:
+            config = None
+            if rng.random() < 0.7:
+                config = LZConfig(
+                    strength=rng.choice([0.15, 1.0, 3.0]),
+                    window=rng.choice([6, 12]),
+                    buffer=rng.choice([2, 3]),
+                    include_prompt=rng.random() < 0.5,
+                    codelength=rng.choice(["authors", "propositions"]),
+                )
+            prompt = [rng.randrange(V) for _ in range(rng.randint(1, 8))]
+            output = [rng.randrange(4) for _ in range(rng.randint(1, 30))]  # a small alphabet: many matches
+            drafts = [rng.randrange(4) for _ in range(rng.randint(0, 3))]
+            state.all_token_ids.gpu[slot, : len(prompt) + len(output)] = torch.tensor(prompt + output)
+            state.total_len.gpu[slot] = len(prompt) + len(output)
+            state.prompt_len.np[slot] = len(prompt)
+            params = SamplingParams(extra_args=lz_extra_args(config) if config else None)
+            v2.add_request(slot, params)
+            requests.append((slot, config, prompt, output, drafts, params))
+        state.prompt_len.copy_to_uva()
+        v2.apply_staged_writes()
+        rows, local, inputs = [], [], []
+        for slot, _, _, output, drafts, _ in requests:
+            for k in range(len(drafts) + 1):
+                rows.append(slot)
+                local.append(k)
+                inputs.append(output[-1] if k == 0 else drafts[k - 1])
+        ctx = LogitsContext(
+            expanded_idx_mapping=torch.tensor(rows, dtype=torch.int32),
+            idx_mapping=torch.tensor(slots, dtype=torch.int32),
+            idx_mapping_np=np.array(slots, dtype=np.int32),
+            expanded_local_pos=torch.tensor(local, dtype=torch.int32),
+            input_ids=torch.tensor(inputs, dtype=torch.int32),
+            pos=torch.zeros(len(rows), dtype=torch.int64),
+            seq_lens_upper_bound_np=np.zeros(len(slots), dtype=np.int32),
+        )
+        logits = torch.randn(len(rows), V, generator=torch.Generator().manual_seed(rng.randrange(10**6)))
+        got = v2.apply(logits.clone(), ctx)
+        row = 0
+        for _, config, prompt, output, drafts, _ in requests:
+            for k in range(len(drafts) + 1):
+                if config is None:
+                    assert torch.equal(got[row], logits[row])
+                else:
+                    history = (prompt if config.include_prompt else []) + output + drafts[:k]
+                    assert torch.allclose(got[row], penalized_by_kernel(logits[row], history, config), atol=1e-5)
+                    checked += 1
+                row += 1
+        # the V1 processor on the same requests (rows without drafts: the V1 runner applies none under speculation)
+        v1 = LZPenaltyLogitsProcessor(VllmConfig(), torch.device("cpu"), False)
+        added = [(i, params, prompt, output) for i, (_, _, prompt, output, _, params) in enumerate(requests)]
+        v1.update_state(BatchUpdate(len(requests), [], added, []))
+        first_rows = [rows_before for rows_before in np.cumsum([0] + [len(r[4]) + 1 for r in requests])[:-1]]
+        assert torch.allclose(v1.apply(logits[first_rows].clone()), got[first_rows], atol=1e-5)
+    assert checked > 100

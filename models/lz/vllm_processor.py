@@ -1,38 +1,44 @@
-"""The LZ penalty as a vLLM V1 logits processor, switched on per request.
+"""The LZ penalty as a vLLM logits processor, switched on per request, on either of vLLM's model runners.
 
-Installing decodebench registers it under vLLM's ``vllm.logits_processors`` entry point, so every
-vLLM engine loads it, ``vllm serve`` included. A request asks for the penalty through its
-``SamplingParams.extra_args`` (``vllm_xargs`` in an OpenAI-compatible request), with flat keys::
+Installing decodebench registers ``LZPenaltyLogitsProcessor`` under vLLM's ``vllm.logits_processors`` entry point,
+so every vLLM engine loads it, ``vllm serve`` included. It is a processor of vLLM's V2 model runner, the default on
+CUDA; vLLM's V1 runner (the CPU build, or ``VLLM_USE_V2_MODEL_RUNNER=0``) gets its twin in ``vllm_v1_processor.py``
+(models/model_runners.py). A request asks for the penalty through its ``SamplingParams.extra_args`` (``vllm_xargs``
+in an OpenAI-compatible request), with flat keys::
 
     {"lz_penalty": 0.15}                                   # alpha; the other settings default
     {"lz_penalty": 0.15, "lz_window": 512, "lz_buffer": 32, "lz_codelength": "authors",
      "lz_include_prompt": "false"}
 
-checked like ``--model lz``'s arguments (``LZConfig``, whose bounds cap each request's cost); a
-request without ``lz_penalty`` costs nothing (the processor returns the logits untouched when no
-row asked for it).
+checked like ``--model lz``'s arguments (``LZConfig``, whose bounds cap each request's cost); a request without
+``lz_penalty`` costs nothing (the processor leaves the logits alone when no request of the batch asked for it).
 
-State lives on the device, as vLLM's builtin processors keep theirs: one right-aligned history row
-``[width]`` per batch row (the request's last ``window`` tokens, PAD before them) and its length.
-vLLM condenses and reorders its persistent batch every step; ``update_state`` follows
-``BatchUpdate``'s ``removed``, ``added`` and ``moved`` (in that order, as vLLM asks) by moving
-device rows, and appends each request's new tokens (``output_ids`` in ``added`` is a live list
-that vLLM extends as the request generates) with one small host-to-device copy per step. No step
-rebuilds a history from Python lists.
+On the V2 runner the history is read where vLLM keeps it: a request's committed tokens in ``all_token_ids`` (up to
+``total_len``) and, under speculative decoding, the draft tokens before each draft position in the step's
+``input_ids`` (a request has one logits row per draft position, and each row is penalized for the history it
+continues). The V2 runner keeps custom processors active when the engine speculates, so the penalty also applies
+on a server that drafts (the V1 runner builds no custom processor there). Nothing here synchronizes with the host:
+which requests asked is known on the host, the rows of a group of requests are selected on the device with a bound
+known on the host.
+
+This module imports no V1 machinery: vLLM's frontend loads it to check each request's arguments.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
-from vllm import SamplingParams
-from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
-from vllm.v1.sample.logits_processor.interface import MoveDirectionality
+from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor
 
-from decodebench.kernels.lz import PAD, apply_lz_penalty_
+from decodebench.kernels.lz import CODELENGTHS, PAD, apply_lz_penalty_
 from decodebench.models.lz.config import LZConfig
+from decodebench.models.model_runners import BothRunners
+
+if TYPE_CHECKING:
+    from vllm import SamplingParams
+    from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsContext, LogitsProcRequestState
 
 # per-request key -> LZConfig field; `lz_penalty` (the strength) switches the penalty on
 EXTRA_ARGS = {
@@ -44,19 +50,12 @@ EXTRA_ARGS = {
 }
 
 
-@dataclass
-class _LZRow:
-    config: LZConfig
-    output_ids: list[int]  # live: vLLM appends every new token
-    seen: int = 0  # how many of output_ids are in the device history
-
-
 def lz_extra_args(config: LZConfig) -> dict:
     """What a request's ``SamplingParams.extra_args`` carries to switch the LZ penalty on."""
     return {key: getattr(config, field) for key, field in EXTRA_ARGS.items()}
 
 
-def _config(params: SamplingParams) -> LZConfig | None:
+def request_config(params: SamplingParams) -> LZConfig | None:
     """The request's LZ settings (checked like ``--model_args``), or None when it does not ask for the penalty."""
     extra = params.extra_args or {}
     settings = {key: value for key, value in extra.items() if key.startswith("lz_")}
@@ -71,129 +70,103 @@ def _config(params: SamplingParams) -> LZConfig | None:
     return config
 
 
-class LZPenaltyV1LogitsProcessor(LogitsProcessor):
-    """The LZ penalty (kernels/lz.py) for the requests whose ``extra_args`` ask for it (vLLM's V1 interface)."""
+def group_key(config: LZConfig) -> int:
+    """One integer per (window, buffer, codelength): requests that share it share a kernel call."""
+    return (config.window * 1024 + config.buffer) * len(CODELENGTHS) + CODELENGTHS.index(config.codelength)
 
-    def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
-        self.device = torch.device(device)
-        self.rows: dict[int, _LZRow] = {}  # batch row -> its request, for the rows that asked
-        # [batch rows, width] right-aligned token history and [batch rows] lengths; grown on demand
-        self.history = torch.full((0, 0), PAD, dtype=torch.long, device=self.device)
-        self.lengths = torch.zeros(0, dtype=torch.long, device=self.device)
-        self._groups: list[tuple[LZConfig, torch.Tensor | slice, torch.Tensor]] | None = None
+
+def group_sizes(key: int) -> tuple[int, int, str]:
+    """(window, buffer, codelength) of a ``group_key``."""
+    sizes, code = divmod(key, len(CODELENGTHS))
+    window, buffer = divmod(sizes, 1024)
+    return window, buffer, CODELENGTHS[code]
+
+
+class LZPenaltyLogitsProcessor(BothRunners, LogitsProcessor):
+    """The LZ penalty (kernels/lz.py) for the requests whose ``extra_args`` ask for it (vLLM's V2 interface; vLLM's
+    V1 runner builds ``LZPenaltyV1LogitsProcessor`` through this class)."""
+
+    v1_twin = "decodebench.models.lz.vllm_v1_processor:LZPenaltyV1LogitsProcessor"
+
+    def __init__(self, vllm_config, req_states: LogitsProcRequestState):
+        from vllm.v1.worker.gpu.buffer_utils import UvaBackedTensor
+
+        self.req_states = req_states
+        slots = req_states.max_num_reqs
+        # per request slot, on the host (which requests asked, and how) and on the device (what the kernel reads)
+        self.group = np.full(slots, -1, dtype=np.int64)  # group_key, -1: no penalty
+        self.alpha = UvaBackedTensor(slots, dtype=torch.float32)
+        self.keys = UvaBackedTensor(slots, dtype=torch.int64)
+        self.prompt_too = UvaBackedTensor(slots, dtype=torch.int32)  # 1: the window also sees the prompt
 
     @classmethod
-    def validate_params(cls, sampling_params: SamplingParams):
-        _config(sampling_params)
+    def validate_params(cls, sampling_params: SamplingParams) -> None:
+        request_config(sampling_params)
 
-    def is_argmax_invariant(self) -> bool:
-        return False  # it changes greedy decoding, so vLLM must not skip it
+    def add_request(self, req_idx: int, sampling_params: SamplingParams) -> bool:
+        config = request_config(sampling_params)
+        asked = config is not None and config.strength != 0
+        self.group[req_idx] = group_key(config) if asked else -1
+        self.alpha.np[req_idx] = config.strength if asked else 0.0
+        self.keys.np[req_idx] = self.group[req_idx]
+        self.prompt_too.np[req_idx] = int(asked and config.include_prompt)
+        return asked
 
-    # -- state --------------------------------------------------------------------------------
-    def update_state(self, batch_update: BatchUpdate | None) -> None:
-        if batch_update is not None:
-            self._follow(batch_update)
-        if self.rows:
-            self._append_new_tokens()
+    def apply_staged_writes(self) -> None:
+        self.alpha.copy_to_uva()
+        self.keys.copy_to_uva()
+        self.prompt_too.copy_to_uva()
 
-    def _follow(self, update: BatchUpdate) -> None:
-        for index in update.removed:
-            if self.rows.pop(index, None) is not None:
-                self._groups = None
-        for index, params, prompt_ids, output_ids in update.added:
-            self._groups = None
-            config = _config(params)
-            if config is None or config.strength == 0:
-                self.rows.pop(index, None)
-                continue
-            self._reserve(index + 1, config.window)
-            self.rows[index] = _LZRow(config, output_ids)
-            tail = list(prompt_ids or [])[-config.window :] if config.include_prompt else []
-            self.history[index] = PAD
-            if tail:
-                self.history[index, -len(tail) :] = torch.tensor(tail, dtype=torch.long, device=self.device)
-            self.lengths[index] = len(tail)
-        for a, b, direction in update.moved:
-            self._groups = None
-            row_a, row_b = self.rows.pop(a, None), self.rows.pop(b, None)
-            if row_a is not None:
-                self.rows[b] = row_a
-            swap = direction == MoveDirectionality.SWAP
-            if swap and row_b is not None:
-                self.rows[a] = row_b
-            if row_a is not None or (swap and row_b is not None):  # other rows' device state is never read
-                self._reserve(max(a, b) + 1, 0)
-                target = torch.tensor([b, a] if swap else [b], device=self.device)
-                source = torch.tensor([a, b] if swap else [a], device=self.device)
-                self.history[target] = self.history[source]
-                self.lengths[target] = self.lengths[source]
-
-    def _reserve(self, rows: int, width: int) -> None:
-        """Grow the device state to at least ``rows`` x ``width`` (widening keeps histories right-aligned)."""
-        old_rows, old_width = self.history.shape
-        if rows <= old_rows and width <= old_width:
-            return
-        new_rows, new_width = max(rows, 2 * old_rows), max(width, old_width)
-        history = torch.full((new_rows, new_width), PAD, dtype=torch.long, device=self.device)
-        history[:old_rows, new_width - old_width :] = self.history
-        lengths = torch.zeros(new_rows, dtype=torch.long, device=self.device)
-        lengths[:old_rows] = self.lengths
-        self.history, self.lengths = history, lengths
-
-    def _append_new_tokens(self) -> None:
-        """Shift each row's history left by its new tokens and write them at its end: one copy per step
-        for the rows that gained the same number of tokens (one each, without speculative decoding)."""
-        width = self.history.shape[1]
-        by_count: dict[int, tuple[list[int], list[list[int]]]] = defaultdict(lambda: ([], []))
-        for index, row in self.rows.items():
-            new = row.output_ids[row.seen :]
-            if new:
-                row.seen += len(new)
-                rows, tokens = by_count[min(len(new), width)]
-                rows.append(index)
-                tokens.append(new[-width:])
-        for count, (rows, tokens) in by_count.items():
-            index = torch.tensor(rows, device=self.device)
-            new = torch.tensor(tokens, dtype=torch.long, device=self.device)
-            self.history[index] = torch.cat([self.history[index, count:], new], dim=1)
-            self.lengths[index] += count
-
-    # -- logits -------------------------------------------------------------------------------
-    def _row_groups(self) -> list[tuple[LZConfig, torch.Tensor | slice, torch.Tensor]]:
-        """Rows that share window, buffer and codelength (one kernel call each), with their alphas; rows
-        0..k-1 in order (every row of a batch whose requests all ask alike) as a slice, read without copies."""
-        if self._groups is None:
-            grouped: dict[tuple[int, int, str], list[int]] = defaultdict(list)
-            for index, row in sorted(self.rows.items()):
-                grouped[(row.config.window, row.config.buffer, row.config.codelength)].append(index)
-            self._groups = []
-            for rows in grouped.values():
-                alphas = torch.tensor([self.rows[i].config.strength for i in rows], device=self.device)
-                in_order = rows == list(range(len(rows)))
-                where = slice(0, len(rows)) if in_order else torch.tensor(rows, device=self.device)
-                self._groups.append((self.rows[rows[0]].config, where, alphas))
-        return self._groups
-
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        if not self.rows:
+    def apply(self, logits: torch.Tensor, ctx: LogitsContext) -> torch.Tensor:
+        groups = self.group[ctx.idx_mapping_np]
+        present = np.unique(groups[groups >= 0])
+        if present.size == 0:
             return logits
-        for config, rows, alpha in self._row_groups():
-            if isinstance(rows, slice):  # views: the kernel adds the penalty to these rows of `logits` in place
-                apply_lz_penalty_(
-                    logits[rows], self.history[rows, -config.window :], self.lengths[rows], alpha, *_sizes(config)
-                )
+        num_rows = logits.shape[0]
+        for key in present.tolist():  # host values: no device synchronization
+            requests = int((groups == key).sum())
+            if requests == len(groups):  # every request of the batch: every row, in place
+                rows = torch.arange(num_rows, device=logits.device)
+                self._penalize(logits, rows, ctx, key)
                 continue
-            rows = rows.to(logits.device)
-            penalized = apply_lz_penalty_(
-                logits.index_select(0, rows),
-                self.history.index_select(0, rows)[:, -config.window :],
-                self.lengths.index_select(0, rows),
-                alpha,
-                *_sizes(config),
-            )
+            # every request has at least one row: the group's rows are at most the rest of the batch's rows
+            rows = self._rows_of(key, ctx, num_rows - (len(groups) - requests))
+            penalized = self._penalize(logits.index_select(0, rows), rows, ctx, key)
             logits.index_copy_(0, rows, penalized)
         return logits
 
+    def _rows_of(self, key: int, ctx: LogitsContext, bound: int) -> torch.Tensor:
+        """The logits rows of the requests in group ``key``, ``bound`` of them: the places past the group's rows
+        repeat its first row, so that writing every place back writes that row twice with the same values."""
+        in_group = self.keys.gpu[ctx.expanded_idx_mapping.long()] == key
+        rows = torch.nonzero_static(in_group, size=bound, fill_value=-1).squeeze(-1)
+        return torch.where(rows >= 0, rows, rows[:1].clamp(min=0))
 
-def _sizes(config: LZConfig) -> tuple[int, int, str]:
-    return config.window, config.buffer, config.codelength
+    def _penalize(self, logits: torch.Tensor, rows: torch.Tensor, ctx: LogitsContext, key: int) -> torch.Tensor:
+        """``logits`` (the ``rows`` of the batch's logits) with each row's penalty added in place."""
+        window, buffer, codelength = group_sizes(key)
+        slots = ctx.expanded_idx_mapping.long()[rows]
+        history, lengths = self._histories(rows, slots, ctx, window)
+        # a row outside the group (the repeated first row of a group that has none here) gets alpha 0
+        alpha = torch.where(self.keys.gpu[slots] == key, self.alpha.gpu[slots], 0.0)
+        return apply_lz_penalty_(logits, history, lengths, alpha, window, buffer, codelength)
+
+    def _histories(self, rows, slots, ctx: LogitsContext, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's last ``window`` tokens, right-aligned ([R, window], PAD before them), and how many are real.
+
+        A row at draft position ``k`` of its request continues the request's committed tokens followed by the
+        step's first ``k`` draft tokens; vLLM keeps the former in ``all_token_ids`` and the latter in ``input_ids``
+        after the request's first row (whose input is the last committed token)."""
+        state = self.req_states
+        local = ctx.expanded_local_pos.long()[rows]
+        committed = state.total_len.gpu.long()[slots]
+        start = torch.where(self.prompt_too.gpu[slots] > 0, 0, state.prompt_len.gpu.long()[slots])
+        end = committed + local
+        position = end[:, None] - window + torch.arange(window, device=rows.device)[None]  # [R, window]
+        stored = state.all_token_ids.gpu
+        from_store = stored[slots[:, None], position.clamp(0, stored.shape[1] - 1)].long()
+        draft_index = (rows - local)[:, None] + 1 + (position - committed[:, None])
+        from_drafts = ctx.input_ids.long()[draft_index.clamp(0, ctx.input_ids.shape[0] - 1)]
+        tokens = torch.where(position < committed[:, None], from_store, from_drafts)
+        history = torch.where(position >= start[:, None], tokens, torch.full_like(tokens, PAD))
+        return history, (end - start).clamp(0, window)

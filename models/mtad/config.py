@@ -16,8 +16,8 @@ class MTADConfig(MethodConfig):
     mode: str = option(
         "mtad",
         "the paper's Algorithm 1 (mtad), decodebench's earlier greedy variant of it (mtad-joint-greedy: untempered p "
-        "against q), speculative decoding, the target alone, transformers' assisted generation, or vLLM's block "
-        "verification (block, on vLLM)",
+        "against q), speculative decoding, the target alone, transformers' assisted generation, or block verification "
+        "(block: Sun et al.'s Algorithm 2, MTAD's lossless peer, on vLLM)",
         choices=MODES,
     )
     draft: str = option(

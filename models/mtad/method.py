@@ -65,11 +65,11 @@ class MTAD(RowDecodingMethod):
         config, backend_class, rest = super().check_args(model_args)
         backend = model_args.get("backend")
         if backend == "served":
-            if config.mode != "mtad":
+            if config.mode not in ("mtad", "block"):
                 raise ValueError(
                     f"mode={config.mode}: on a served model the server's --speculative-config decides the drafts and "
-                    "vLLM's rule verifies them (measure that with --model baseline); --model mtad sends MTAD's tau "
-                    "with each request, so mode=mtad alone"
+                    "vLLM's rule verifies them (measure that with --model baseline); --model mtad sends the rule with "
+                    "each request: mode=mtad (MTAD's tau) or mode=block (block verification)"
                 )
             return config, backend_class, rest  # the draft is the server's
         if backend == "vllm":
@@ -94,11 +94,17 @@ class MTAD(RowDecodingMethod):
 
         return engine_args(self.config, args, pretrained)
 
-    def vllm_sampling_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        if self.config.mode == "mtad":
-            from decodebench.models.mtad.vllm_plugin import EXTRA_ARG
+    def vllm_model_runner(self, engine_args: dict[str, Any]):
+        from decodebench.models.mtad.vllm_engine import runner_need
 
-            kwargs["extra_args"] = {**(kwargs.get("extra_args") or {}), EXTRA_ARG: self.config.tau}
+        return runner_need(self.config)
+
+    def vllm_sampling_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        from decodebench.models.mtad.vllm_plugin import BLOCK_ARG, MTAD_ARG
+
+        asked = {"mtad": {MTAD_ARG: self.config.tau}, "block": {BLOCK_ARG: True}}.get(self.config.mode)
+        if asked:
+            kwargs["extra_args"] = {**(kwargs.get("extra_args") or {}), **asked}
         return kwargs
 
     def setup(self, lm) -> None:
@@ -106,10 +112,13 @@ class MTAD(RowDecodingMethod):
         if backend == "served":
             return  # the server drafts and verifies; its plugin refuses what it cannot do, per request
         if backend == "vllm":
-            if self.config.mode == "mtad":
+            if self.config.mode in ("mtad", "block"):
                 from decodebench.models.mtad.vllm_plugin import plugin_refusal
 
-                if refusal := plugin_refusal(lm.model.llm_engine.vllm_config):
+                # with data parallel lm-eval keeps no engine here (Ray workers hold them): the environment they
+                # start with chose the runner
+                engine = getattr(getattr(lm, "model", None), "llm_engine", None)
+                if refusal := plugin_refusal(engine.vllm_config if engine is not None else None):
                     raise RuntimeError(refusal)
             return
         self.generator = torch.Generator(device=lm.device).manual_seed(self.config.seed)  # on the sampling device

@@ -2,8 +2,11 @@
 back as MTAD's statistics.
 
 Modes on vLLM: ``target`` (no speculation), ``speculative`` (vLLM's standard rejection sampling), ``block``
-(vLLM's block verification, a peer) and ``mtad`` (vLLM's speculation with the paper's acceptance rule, which
-decodebench's vLLM plugin applies to the requests that carry ``mtad_tau``: models/mtad/vllm_plugin.py). Drafts:
+(block verification, Sun et al., MTAD's lossless peer, which decodebench's vLLM plugin applies: vLLM's V1 runner
+has none of its own) and ``mtad`` (vLLM's speculation with the paper's acceptance rule, which decodebench's vLLM
+plugin applies to the requests that carry ``mtad_tau``: models/mtad/vllm_plugin.py). Every mode runs on vLLM's V1
+model runner unless ``model_runner`` says otherwise, where the plugin's rules live and where the modes' speeds
+compare on one runner; ``mtad`` and ``block`` need it. Drafts:
 ``context`` is vLLM's n-gram proposer (prompt lookup, q one-hot); a model id or path is a ``draft_model`` with
 probabilistic draft sampling (q from the draft); ``self:<k>`` is a standalone checkpoint of the target's first k
 layers, final norm and LM head, materialized once under ``$DECODEBENCH_HOME/drafts/`` and served as a
@@ -96,13 +99,22 @@ def engine_args(config: MTADConfig, args: dict[str, Any], pretrained: str) -> di
     spec = speculative_config(config, pretrained)
     if spec is None:
         return args
-    if config.mode == "mtad":  # the engine starts in this process's environment; the rule needs the V1 runner
-        from decodebench.models.mtad.vllm_plugin import V1_RUNNER
-
-        for name, value in V1_RUNNER.items():
-            os.environ.setdefault(name, value)
     # the engine's counters (drafts, accepted tokens per position) are what MTAD's statistics come from here
     return {**args, "speculative_config": spec, "disable_log_stats": False}
+
+
+def runner_need(config: MTADConfig):
+    """What a mode needs of vLLM's model runner: the V1 runner, where the plugin's rules wrap the rejection sampler
+    (``mtad``, ``block``), or for the other modes the same runner by default, so that all compare on one."""
+    from decodebench.models.model_runners import RunnerNeed
+
+    if config.mode == "mtad":
+        return RunnerNeed("v1", "MTAD's acceptance rule wraps the rejection sampler of vLLM's V1 model runner")
+    if config.mode == "block":
+        return RunnerNeed(
+            "v1", "decodebench's block verification wraps the rejection sampler of vLLM's V1 model runner"
+        )
+    return RunnerNeed("v1", "decodebench's MTAD modes share vLLM's V1 model runner, so that they compare on one", False)
 
 
 def spec_decode_statistics(engine: dict[str, Any] | None, gamma: int) -> dict[str, Any]:
