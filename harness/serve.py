@@ -91,8 +91,12 @@ def run_serve(model: str | None, host: str, port: int, vllm_args: list[str], mod
     from decodebench.models.backend import resolve_pretrained
     from decodebench.models.model_runners import RUNNER_ENV
 
+    try:  # a contradiction (the runner asked against the environment's) is said before anything starts
+        environment = server_environment(vllm_args, model_runner)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     target, embedded = resolve_pretrained(model)
-    environment = server_environment(vllm_args, model_runner)  # a contradiction fails here, before anything starts
     command = vllm_command(str(target), host, port, vllm_args)
     runner = {"0": "V1", "1": "V2"}.get(environment.get(RUNNER_ENV, ""), "vLLM's choice")
     print(f"starting ({RUNNER_ENV}: {runner} model runner): " + " ".join(command), flush=True)

@@ -4,8 +4,8 @@ On CUDA, reading a device value on the host (``.item()``, ``.tolist()``, ``bool(
 ``nonzero``) waits for every kernel queued before it, and so does making a tensor from a Python list straight on the
 device (a pageable copy). Here every tensor lives on the host, so such calls are caught by what they are, through
 torch's function-mode hook: ``HostSyncs`` records each one made while it is active. Making a tensor from host data
-is counted when a ``device`` other than the string ``"cpu"`` is named (vLLM's ``async_tensor_h2d`` stages on
-``"cpu"``, pinned, then copies without blocking).
+(not from a tensor) is counted when a ``device`` other than the string ``"cpu"`` is named (vLLM's
+``async_tensor_h2d`` stages on ``"cpu"``, pinned, then copies without blocking).
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ class HostSyncs(TorchFunctionMode):
             return "output_size" not in kwargs
         if name in READS:
             return True
-        if name in CREATIONS:
-            return kwargs.get("device") not in (None, "cpu")
+        if name in CREATIONS:  # host data made into a tensor straight on a device (a tensor is only moved or kept)
+            return kwargs.get("device") not in (None, "cpu") and not isinstance(args[0] if args else None, torch.Tensor)
         if name in ("__getitem__", "__setitem__") and len(args) > 1:
             index = args[1] if isinstance(args[1], tuple) else (args[1],)
             return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index)

@@ -269,6 +269,42 @@ def test_an_engine_asking_for_block_verification_gets_it_on_the_v1_runner(sample
     assert {row: rule.name for row, rule in built.rules.items()} == {0: "block", 1: "mtad", 2: "block"}
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_the_tracker_follows_vllms_batch_updates(seed):
+    """Random add/remove/move/swap sequences from vLLM's own BatchUpdateBuilder: after every step the tracker's rows
+    are exactly the sampled requests that asked for a rule, with their rule, and what rows() hands the verifier."""
+    import random
+
+    from persistent_batch import PersistentBatch
+    from vllm import SamplingParams
+    from vllm.config import VllmConfig
+
+    from decodebench.models.mtad.vllm_plugin import Rule, VerificationRequests
+
+    def new_request(rng):
+        temperature = rng.choice([0.0, 0.8, 1.0])
+        extra = rng.choice([None, {"mtad_tau": rng.choice([0.05, 0.1])}, {"block_verify": True}])
+        params = SamplingParams(temperature=temperature, extra_args=extra)
+        rule = None
+        if temperature > 0 and extra:
+            rule = Rule("mtad", extra["mtad_tau"]) if "mtad_tau" in extra else Rule("block")
+        return params, rule
+
+    rng = random.Random(seed)
+    built = VerificationRequests(VllmConfig(), torch.device("cpu"), False)
+    batch = PersistentBatch(rng, new_request, V)
+    for _ in range(80):
+        built.update_state(batch.step())
+        expected = {row: r["config"] for row, r in enumerate(batch.rows) if r is not None and r["config"] is not None}
+        assert built.rules == expected
+        for name in ("mtad", "block"):
+            rows = built.rows(name, len(batch.rows))
+            chosen = sorted(row for row, rule in expected.items() if rule.name == name)
+            assert (rows.host.tolist() if rows else []) == chosen
+            if rows and name == "mtad":
+                assert rows.taus.tolist() == pytest.approx([expected[row].tau for row in chosen])
+
+
 def test_through_vllms_sampler_mtad_rows_are_verified_on_the_logits_vllm_was_given(sampler):
     """The wrapper end to end: with tau = 0 and p > 0 everywhere, MTAD accepts every draft token and adds the bonus
     token."""

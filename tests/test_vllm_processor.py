@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from lz_reference import authors_codelengths, codelengths
+from persistent_batch import PersistentBatch
 
 pytestmark = pytest.mark.vllm
 
@@ -26,69 +27,29 @@ if importlib.util.find_spec("vllm") is None and not os.environ.get("DECODEBENCH_
 V = 11
 
 
-class PersistentBatch:
-    """What vLLM's input batch does between steps: finished requests leave, new ones take the
-    lowest free rows, the last rows move down into the holes, and rows are sometimes swapped."""
+def lz_request(rng: random.Random):
+    """A request's SamplingParams and its LZ settings (None: it does not ask for the penalty)."""
+    from vllm import SamplingParams
 
-    def __init__(self, rng: random.Random):
-        from vllm.v1.sample.logits_processor.state import BatchUpdateBuilder
+    from decodebench.models.lz.vllm_processor import lz_extra_args
 
-        self.rng = rng
-        self.rows: list[dict | None] = []
-        self.builder = BatchUpdateBuilder()
-        self.serial = 0
+    config = random_config(rng)
+    return SamplingParams(extra_args=lz_extra_args(config) if config else None), config
 
-    def step(self):
-        from vllm import SamplingParams
-        from vllm.v1.sample.logits_processor.interface import MoveDirectionality
 
-        from decodebench.models.lz import LZConfig
-        from decodebench.models.lz.vllm_processor import lz_extra_args
+def random_config(rng: random.Random):
+    """Settings of a request: most ask for the penalty, with one of several sizes and codelengths; others do not."""
+    from decodebench.models.lz import LZConfig
 
-        rng = self.rng
-        for index, request in enumerate(self.rows):
-            if request is not None and rng.random() < 0.2:
-                self.rows[index] = None
-                self.builder.removed_append(index)
-        for _ in range(rng.randint(0, 3)):
-            index = self.builder.pop_removed()
-            if index is None:
-                index = len(self.rows)
-                self.rows.append(None)
-            config = None
-            if rng.random() < 0.7:  # some requests ask for the penalty, others do not
-                config = LZConfig(
-                    strength=rng.choice([0.15, 1.0, 3.0]),
-                    window=rng.choice([6, 12]),
-                    buffer=rng.choice([2, 3]),
-                    include_prompt=rng.random() < 0.5,
-                    codelength=rng.choice(["authors", "propositions"]),
-                )
-            request = {
-                "id": self.serial,
-                "prompt": [rng.randrange(V) for _ in range(rng.randint(0, 8))],
-                "output": [],
-                "config": config,
-            }
-            self.serial += 1
-            self.rows[index] = request
-            params = SamplingParams(extra_args=lz_extra_args(config) if config else None)
-            self.builder.added.append((index, params, request["prompt"], request["output"]))
-        while self.builder.has_removed():  # condense: the last occupied row fills the lowest hole
-            hole = self.builder.peek_removed()
-            last = max((i for i, r in enumerate(self.rows) if r is not None), default=-1)
-            if hole >= last:  # only empty rows above: they stay in `removed`
-                break
-            self.builder.pop_removed()
-            self.rows[hole], self.rows[last] = self.rows[last], None
-            self.builder.moved.append((last, hole, MoveDirectionality.UNIDIRECTIONAL))
-        while self.rows and self.rows[-1] is None:
-            self.rows.pop()
-        if len(self.rows) >= 2 and rng.random() < 0.3:
-            a, b = rng.sample(range(len(self.rows)), 2)
-            self.rows[a], self.rows[b] = self.rows[b], self.rows[a]
-            self.builder.moved.append((a, b, MoveDirectionality.SWAP))
-        return self.builder.get_and_reset(len(self.rows))
+    if rng.random() >= 0.7:
+        return None
+    return LZConfig(
+        strength=rng.choice([0.15, 1.0, 3.0]),
+        window=rng.choice([6, 12]),
+        buffer=rng.choice([2, 3]),
+        include_prompt=rng.random() < 0.5,
+        codelength=rng.choice(["authors", "propositions"]),
+    )
 
 
 def expected_row(request: dict, logits: torch.Tensor) -> torch.Tensor:
@@ -115,7 +76,7 @@ def test_processor_follows_batch_updates_and_matches_each_request_alone(seed):
 
     rng = random.Random(seed)
     processor = LZPenaltyV1LogitsProcessor(None, torch.device("cpu"), False)
-    batch = PersistentBatch(rng)
+    batch = PersistentBatch(rng, lz_request, V)
     checked = 0
     for _ in range(60):
         processor.update_state(batch.step())
@@ -267,7 +228,6 @@ def test_the_v2_processor_penalizes_every_rows_history_as_the_kernel_and_the_v1_
     from vllm.v1.sample.logits_processor import BatchUpdate
     from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsContext
 
-    from decodebench.models.lz import LZConfig
     from decodebench.models.lz.vllm_processor import LZPenaltyLogitsProcessor, lz_extra_args
 
     rng = random.Random(seed)
@@ -278,15 +238,7 @@ def test_the_v2_processor_penalizes_every_rows_history_as_the_kernel_and_the_v1_
         slots = rng.sample(range(8), rng.randint(1, 8))
         requests = []
         for slot in slots:
-            config = None
-            if rng.random() < 0.7:
-                config = LZConfig(
-                    strength=rng.choice([0.15, 1.0, 3.0]),
-                    window=rng.choice([6, 12]),
-                    buffer=rng.choice([2, 3]),
-                    include_prompt=rng.random() < 0.5,
-                    codelength=rng.choice(["authors", "propositions"]),
-                )
+            config = random_config(rng)
             prompt = [rng.randrange(V) for _ in range(rng.randint(1, 8))]
             output = [rng.randrange(4) for _ in range(rng.randint(1, 30))]  # a small alphabet: many matches
             drafts = [rng.randrange(4) for _ in range(rng.randint(0, 3))]
@@ -332,3 +284,52 @@ def test_the_v2_processor_penalizes_every_rows_history_as_the_kernel_and_the_v1_
         first_rows = [rows_before for rows_before in np.cumsum([0] + [len(r[4]) + 1 for r in requests])[:-1]]
         assert torch.allclose(v1.apply(logits[first_rows].clone()), got[first_rows], atol=1e-5)
     assert checked > 100
+
+
+def test_a_v2_step_makes_no_host_synchronization(cpu_buffers):
+    """Two groups of settings and a request without the penalty in one batch, drafts included: which requests asked
+    is read on the host, the rows of each group are found on the device, nothing waits for it."""
+    import numpy as np
+    from host_syncs import HostSyncs
+    from vllm import SamplingParams
+    from vllm.config import VllmConfig
+    from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsContext
+
+    from decodebench.models.lz.vllm_processor import LZPenaltyLogitsProcessor
+
+    state, states = request_state(4, 64, 2)
+    v2 = LZPenaltyLogitsProcessor(VllmConfig(), states)
+    settings = {0: {"lz_penalty": 0.5, "lz_window": 8, "lz_buffer": 2}, 1: None, 2: {"lz_penalty": 1, "lz_buffer": 2}}
+    for slot, extra in settings.items():
+        state.all_token_ids.gpu[slot, :12] = torch.arange(12) % 4
+        state.total_len.gpu[slot] = 12
+        state.prompt_len.np[slot] = 3
+        v2.add_request(slot, SamplingParams(extra_args=extra))
+    state.prompt_len.copy_to_uva()
+    v2.apply_staged_writes()
+    rows, local = [0, 0, 0, 1, 2, 2], [0, 1, 2, 0, 0, 1]
+    ctx = LogitsContext(
+        expanded_idx_mapping=torch.tensor(rows, dtype=torch.int32),
+        idx_mapping=torch.tensor([0, 1, 2], dtype=torch.int32),
+        idx_mapping_np=np.array([0, 1, 2], dtype=np.int32),
+        expanded_local_pos=torch.tensor(local, dtype=torch.int32),
+        input_ids=torch.tensor([3, 1, 2, 3, 3, 0], dtype=torch.int32),
+        pos=torch.zeros(6, dtype=torch.int64),
+        seq_lens_upper_bound_np=np.zeros(3, dtype=np.int32),
+    )
+    logits = torch.randn(6, V)
+    with HostSyncs() as counter:
+        got = v2.apply(logits.clone(), ctx)
+    assert counter.calls == []
+    assert torch.equal(got[3], logits[3]) and not torch.equal(got[0], logits[0]) and not torch.equal(got[5], logits[5])
+
+
+def test_lz_with_speculation_asks_for_the_v2_runner_and_is_refused_where_there_is_none():
+    """vLLM's V1 runner applies no custom processor in an engine that speculates; the V2 runner does, and needs
+    Triton (a GPU build): on the CPU build the run is refused before the engine starts, saying both."""
+    from decodebench.models.lz import LZ
+
+    with pytest.raises(ValueError, match=r"only vLLM's V2 model runner applies one.*needs Triton"):
+        LZ.check_args({"backend": "vllm", "pretrained": "embedded", "speculative_config": {"method": "ngram"}})
+    frequency = {"backend": "vllm", "pretrained": "embedded", "penalty": "frequency", "speculative_config": {}}
+    LZ.check_args(frequency)  # vLLM's own penalties work on either runner
