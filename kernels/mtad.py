@@ -179,10 +179,10 @@ def block_verify_(
     target.sub_(target.amax(dim=-1, keepdim=True)).exp_()
     target.div_(target.sum(dim=-1, keepdim=True))
 
-    def draft_at(j: int) -> torch.Tensor:  # [B, V]: M_s(. | X^j)
+    def draft_at(position: torch.Tensor) -> torch.Tensor:  # [B, V]: M_s(. | X^j) at each row's position j
         if draft_probs is not None:
-            return draft_probs[:, j].to(target.dtype)
-        return torch.zeros_like(target[:, j]).scatter_(1, tokens[:, j : j + 1], 1.0)
+            return draft_probs[rows, position].to(target.dtype)
+        return torch.zeros_like(target[:, 0]).scatter_(1, tokens[rows, position, None], 1.0)
 
     target_at_token = target.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     draft_at_token = (
@@ -200,7 +200,8 @@ def block_verify_(
     p = torch.stack(joint, dim=-1).exp() if gamma else torch.zeros(batch, 0, dtype=target.dtype, device=device)
     h = torch.zeros_like(p)
     for j in range(gamma - 1):  # h_i for i = j + 1 < gamma: the residual mass at the next position
-        residual = (p[:, j, None] * target[:, j + 1] - draft_at(j + 1)).clamp_min(0).sum(dim=-1)
+        following = torch.full_like(rows, j + 1)
+        residual = (p[:, j, None] * target[:, j + 1] - draft_at(following)).clamp_min(0).sum(dim=-1)
         denominator = residual + 1 - p[:, j]
         h[:, j] = torch.where(denominator > 0, residual / denominator.clamp_min(1e-30), torch.ones_like(residual))
     ends = positions[None] == block[:, None]
@@ -209,11 +210,8 @@ def block_verify_(
     kept = torch.where(accepted, positions[None], torch.zeros_like(positions[None])).amax(dim=-1)
     at = kept.clamp(max=max(gamma - 1, 0))
     p_kept = torch.where(kept > 0, p[rows, (kept - 1).clamp(min=0)], torch.ones_like(kept, dtype=p.dtype))
-    drafts_at = draft_probs[rows, at].to(target.dtype) if draft_probs is not None else None
     target_kept = target[rows, at]
-    if drafts_at is None:
-        drafts_at = torch.zeros_like(target_kept).scatter_(1, tokens[rows, at, None], 1.0)
-    residual = (p_kept[:, None] * target_kept - drafts_at).clamp_min(0)
+    residual = (p_kept[:, None] * target_kept - draft_at(at)).clamp_min(0)
     next_probs = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, target_kept)
     cut = (kept == block)[:, None]  # kept up to a cut: the target itself at the cut
     return kept, torch.where(cut, target_kept, next_probs)

@@ -340,24 +340,19 @@ def test_draft_positions_a_grammar_refused_are_never_kept(sampler):
 
 def test_greedy_requests_match_vllms_greedy_rule_whatever_they_ask(sampler):
     """vLLM's own greedy cases: every draft token right gives drafts + bonus, the first wrong one ends the run."""
+    from vllm import SamplingParams
+
     patched, _ = sampler
     logits = torch.full((3, V), -10.0)
     logits[0, 5], logits[1, 7], logits[2, 2] = 0.0, 0.0, 0.0  # the target's argmax: 5, 7, 2
     bonus = torch.tensor([[9], [9]])
     drafts = torch.tensor([5, 7, 5])  # row 0 drafts [5, 7] (positions 0, 1), row 1 drafts [5] (position 2)
     counts = [2, 1]
-    greedy = SimpleNamespace(temperature=0.0)
     for rules in ({}, {0: {"mtad_tau": 0.1}, 1: {"block_verify": True}}):
-        params = {row: _params(greedy, extra) for row, extra in rules.items()}
+        params = {row: SamplingParams(temperature=0.0, extra_args=extra) for row, extra in rules.items()}
         out = call(patched, counts, drafts, None, logits, bonus, metadata([0.0, 0.0], {}, params or None), 2)
         assert out[0].tolist() == [5, 7, 9]  # both right, then the bonus token
         assert out[1].tolist() == [2, -1, -1]  # wrong at once: the target's own token instead
-
-
-def _params(settings, extra):
-    from vllm import SamplingParams
-
-    return SamplingParams(temperature=settings.temperature, extra_args=extra)
 
 
 def test_standard_requests_still_follow_the_target_distribution(sampler):
@@ -462,15 +457,16 @@ def test_drafts_are_warped_in_float32_whatever_the_models_dtype(sampler, monkeyp
     assert before.dtype == torch.bfloat16
 
 
-def test_drafts_without_probabilities_are_said_to_be_one_hot(sampler, caplog):
+def test_drafts_without_probabilities_are_said_to_be_one_hot(sampler, caplog, monkeypatch):
+    from decodebench.models.mtad import vllm_v1_rules
+
+    monkeypatch.setattr(vllm_v1_rules, "_warned_one_hot", set())  # said once per process: whatever ran before
     patched, _ = sampler
     rng = torch.Generator().manual_seed(10)
     counts, drafts, _, target_logits, bonus = random_batch(rng, 4, 3, False, first=3)
-    with caplog.at_level("WARNING"):
+    with caplog.at_level("WARNING", logger=vllm_v1_rules.__name__):
         call(patched, counts, drafts, None, target_logits, bonus, metadata([1.0] * 4, {}, {0: {"mtad_tau": 0.1}}), 3)
-    from decodebench.models.mtad import vllm_v1_rules
-
-    assert "mtad" in vllm_v1_rules._warned_one_hot
+    assert "q is one-hot at the drafted token" in caplog.text
 
 
 def test_bad_verification_arguments_are_refused_with_what_is_allowed():

@@ -93,10 +93,10 @@ class LZPenaltyLogitsProcessor(BothRunners, LogitsProcessor):
 
         self.req_states = req_states
         slots = req_states.max_num_reqs
-        # per request slot, on the host (which requests asked, and how) and on the device (what the kernel reads)
-        self.group = np.full(slots, -1, dtype=np.int64)  # group_key, -1: no penalty
+        # per request slot: .np on the host (which requests asked, and how), .gpu on the device (what the kernel reads)
         self.alpha = UvaBackedTensor(slots, dtype=torch.float32)
-        self.keys = UvaBackedTensor(slots, dtype=torch.int64)
+        self.keys = UvaBackedTensor(slots, dtype=torch.int64)  # group_key, -1: no penalty
+        self.keys.np[:] = -1
         self.prompt_too = UvaBackedTensor(slots, dtype=torch.int32)  # 1: the window also sees the prompt
 
     @classmethod
@@ -106,9 +106,8 @@ class LZPenaltyLogitsProcessor(BothRunners, LogitsProcessor):
     def add_request(self, req_idx: int, sampling_params: SamplingParams) -> bool:
         config = request_config(sampling_params)
         asked = config is not None and config.strength != 0
-        self.group[req_idx] = group_key(config) if asked else -1
+        self.keys.np[req_idx] = group_key(config) if asked else -1
         self.alpha.np[req_idx] = config.strength if asked else 0.0
-        self.keys.np[req_idx] = self.group[req_idx]
         self.prompt_too.np[req_idx] = int(asked and config.include_prompt)
         return asked
 
@@ -118,7 +117,7 @@ class LZPenaltyLogitsProcessor(BothRunners, LogitsProcessor):
         self.prompt_too.copy_to_uva()
 
     def apply(self, logits: torch.Tensor, ctx: LogitsContext) -> torch.Tensor:
-        groups = self.group[ctx.idx_mapping_np]
+        groups = self.keys.np[ctx.idx_mapping_np]
         present = np.unique(groups[groups >= 0])
         if present.size == 0:
             return logits

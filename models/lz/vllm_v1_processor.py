@@ -8,8 +8,9 @@ State lives on the device, as vLLM's builtin processors keep theirs: one right-a
 vLLM condenses and reorders its persistent batch every step; ``update_state`` follows
 ``BatchUpdate``'s ``removed``, ``added`` and ``moved`` (in that order, as vLLM asks) by moving
 device rows, and appends each request's new tokens (``output_ids`` in ``added`` is a live list
-that vLLM extends as the request generates) with one small host-to-device copy per step. No step
-rebuilds a history from Python lists.
+that vLLM extends as the request generates) with one small host-to-device copy per step, pinned and
+non-blocking (vLLM's ``async_tensor_h2d``): the host never waits for the device. No step rebuilds a
+history from Python lists.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 from vllm import SamplingParams
+from vllm.utils.torch_utils import async_tensor_h2d
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.interface import MoveDirectionality
 
@@ -74,7 +76,7 @@ class LZPenaltyV1LogitsProcessor(LogitsProcessor):
             tail = list(prompt_ids or [])[-config.window :] if config.include_prompt else []
             self.history[index] = PAD
             if tail:
-                self.history[index, -len(tail) :] = torch.tensor(tail, dtype=torch.long, device=self.device)
+                self.history[index, -len(tail) :] = async_tensor_h2d(tail, self.device, torch.long)
             self.lengths[index] = len(tail)
         for a, b, direction in update.moved:
             self._groups = None
@@ -86,8 +88,8 @@ class LZPenaltyV1LogitsProcessor(LogitsProcessor):
                 self.rows[a] = row_b
             if row_a is not None or (swap and row_b is not None):  # other rows' device state is never read
                 self._reserve(max(a, b) + 1, 0)
-                target = torch.tensor([b, a] if swap else [b], device=self.device)
-                source = torch.tensor([a, b] if swap else [a], device=self.device)
+                target = async_tensor_h2d([b, a] if swap else [b], self.device, torch.long)
+                source = async_tensor_h2d([a, b] if swap else [a], self.device, torch.long)
                 self.history[target] = self.history[source]
                 self.lengths[target] = self.lengths[source]
 
@@ -116,8 +118,8 @@ class LZPenaltyV1LogitsProcessor(LogitsProcessor):
                 rows.append(index)
                 tokens.append(new[-width:])
         for count, (rows, tokens) in by_count.items():
-            index = torch.tensor(rows, device=self.device)
-            new = torch.tensor(tokens, dtype=torch.long, device=self.device)
+            index = async_tensor_h2d(rows, self.device, torch.long)
+            new = async_tensor_h2d(tokens, self.device, torch.long)
             self.history[index] = torch.cat([self.history[index, count:], new], dim=1)
             self.lengths[index] += count
 
@@ -131,9 +133,9 @@ class LZPenaltyV1LogitsProcessor(LogitsProcessor):
                 grouped[(row.config.window, row.config.buffer, row.config.codelength)].append(index)
             self._groups = []
             for rows in grouped.values():
-                alphas = torch.tensor([self.rows[i].config.strength for i in rows], device=self.device)
+                alphas = async_tensor_h2d([self.rows[i].config.strength for i in rows], self.device, torch.float32)
                 in_order = rows == list(range(len(rows)))
-                where = slice(0, len(rows)) if in_order else torch.tensor(rows, device=self.device)
+                where = slice(0, len(rows)) if in_order else async_tensor_h2d(rows, self.device, torch.long)
                 self._groups.append((self.rows[rows[0]].config, where, alphas))
         return self._groups
 

@@ -33,7 +33,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, Logits
 from vllm.v1.sample.logits_processor.interface import MoveDirectionality
 
 from decodebench.kernels.mtad import block_verify_, following_token, mtad_accept_
-from decodebench.models.mtad.vllm_plugin import _PATCHED, Rule, plugin_refusal, requested_rule
+from decodebench.models.mtad.vllm_plugin import _PATCHED, Rule, _marked, plugin_refusal, requested_rule
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +54,6 @@ def install() -> None:
         llm_base_proposer.compute_probs_and_sample_next_token = _marked(
             with_warped_drafts(llm_base_proposer.compute_probs_and_sample_next_token)
         )
-
-
-def _marked(function):
-    setattr(function, _PATCHED, True)
-    return function
 
 
 @dataclass
