@@ -213,8 +213,12 @@ def apply_lz_penalty_(
     tokens, valid, lam, dist = _matches(history, lengths, window, buffer, codelength)
     index, best_lam, best_dist = _best_per_token(tokens, valid, lam, dist, window)
     delta = _codelength(best_lam, best_dist, codelength, vocab_size) - math.log2(vocab_size)
-    alpha = torch.as_tensor(alpha, dtype=logits.dtype, device=logits.device)
-    delta = delta.to(logits.dtype) * (alpha.reshape(-1, 1) if alpha.ndim else alpha)
+    if isinstance(alpha, torch.Tensor):
+        alpha = alpha.to(logits.device, logits.dtype, non_blocking=True)
+        alpha = alpha.reshape(-1, 1) if alpha.ndim else alpha
+    # a float stays a kernel argument: made into a device tensor it was a host copy that waits for the GPU at every
+    # step (seen on an H200: docs/benchmarks/gpu.md)
+    delta = delta.to(logits.dtype) * alpha
     # Empty positions rewrite the row's most recent token with its own (identical) new value, so
     # duplicate indices in a scatter always carry the same value.
     last = index[:, -1:].expand_as(index)

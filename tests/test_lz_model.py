@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import explain, read_results, run_lm_eval
@@ -61,6 +63,25 @@ def test_zero_strength_changes_nothing_and_default_strength_changes_a_loop(model
     assert generate(model, tokenizer, [LZPenaltyLogitsProcessor(lz(0.0), width)])[0] == plain
     assert generate(model, tokenizer, [FrequencyPenaltyLogitsProcessor(0.0, width)])[0] == plain
     assert generate(model, tokenizer, [LZPenaltyLogitsProcessor(LZConfig.defaults(), width)])[0] != plain
+
+
+@pytest.mark.parametrize("include_prompt", [False, True])
+def test_lz_processor_step_makes_no_host_synchronization(include_prompt):
+    """What a CUDA decode step would wait on, counted on the CPU (an H200 caught the float strength's copy to the
+    device at every step: docs/benchmarks/gpu.md)."""
+    from host_syncs import HostSyncs
+
+    generator = torch.Generator().manual_seed(0)
+    input_ids = (torch.arange(80) % torch.tensor([[7], [9], [11]])).long()  # loops, longer than the buffer
+    prompt_lengths = torch.tensor([10, 12, 7]) if include_prompt else None
+    processor = LZPenaltyLogitsProcessor(
+        dataclasses.replace(LZConfig.defaults(), include_prompt=include_prompt), 12, prompt_lengths
+    )
+    scores = torch.randn(3, 50, generator=generator)
+    with HostSyncs() as syncs:
+        penalized = processor(input_ids, scores.clone())
+    assert syncs.calls == []
+    assert not torch.equal(penalized, scores)
 
 
 def test_frequency_processor_subtracts_counts_of_generated_tokens_only():
