@@ -7,16 +7,22 @@ keeps it in ``$DECODEBENCH_HOME/lm-eval-task-index/``, keyed by lm-eval's versio
 YAML file's path, size and modification time: any change to lm-eval's task folder makes a new
 key, and other folders (decodebench's tasks, a user's ``--include_path``) are always parsed.
 The index lm-eval builds is the same with or without it (tests/test_startup.py); a cache that
-cannot be read or written is ignored.
+cannot be read or written is ignored, and one that does not parse as this module's JSON is rebuilt.
+
+The cache is JSON, never pickle: whoever can write ``DECODEBENCH_HOME`` (a shared cache folder on a cluster) must not
+be able to run code in every ``lm_eval`` process that reads it. A YAML value JSON cannot give back unchanged (a date,
+a non-string key) is not cached: its file is parsed at every start, as without the cache. Files are written to a
+private temporary file (the owner's permissions only) and renamed into place.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
+import math
 import os
-import pickle
 import tempfile
 from importlib.metadata import version
 from pathlib import Path
@@ -24,11 +30,56 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 
+FORMAT = 1
+
+
 class _Failed:
     """A file lm-eval could not parse: its error is raised again, and lm-eval skips the file again."""
 
     def __init__(self, message: str):
         self.message = message
+
+
+def _plain(value) -> bool:
+    """Whether JSON gives ``value`` back equal and of the same types (what the cache may hold)."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(_plain(item) for item in value)
+    if isinstance(value, dict):
+        return all(isinstance(key, str) and _plain(item) for key, item in value.items())
+    return False
+
+
+def _encode(parsed: dict) -> str:
+    rows = []
+    for (path, kwargs), value in parsed.items():
+        if isinstance(value, _Failed):
+            rows.append({"path": path, "kwargs": dict(kwargs), "error": value.message})
+        elif _plain(value):
+            rows.append({"path": path, "kwargs": dict(kwargs), "value": value})
+    return json.dumps({"format": FORMAT, "files": rows})
+
+
+def _decode(text: str) -> dict:
+    """The parsed files a cache holds; ``ValueError`` when it is not this module's JSON."""
+    data = json.loads(text)
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("files"), list):
+        raise ValueError("not a task index cache of this format")
+    parsed = {}
+    for row in data["files"]:
+        if not (isinstance(row, dict) and isinstance(row.get("path"), str) and isinstance(row.get("kwargs"), dict)):
+            raise ValueError("a malformed entry")
+        key = (row["path"], tuple(sorted(row["kwargs"].items())))
+        if isinstance(row.get("error"), str):
+            parsed[key] = _Failed(row["error"])
+        elif isinstance(row.get("value"), dict):
+            parsed[key] = row["value"]
+        else:
+            raise ValueError("an entry with neither a value nor an error")
+    return parsed
 
 
 def _fingerprint(root: Path) -> str:
@@ -42,7 +93,7 @@ def _fingerprint(root: Path) -> str:
 def _cache_file(root: Path) -> Path:
     from decodebench.paths import home
 
-    return home() / "lm-eval-task-index" / f"{_fingerprint(root)}.pickle"
+    return home() / "lm-eval-task-index" / f"{_fingerprint(root)}.json"
 
 
 class YamlCache:
@@ -53,8 +104,8 @@ class YamlCache:
         self.file = _cache_file(Path(root))
         self.parsed: dict[tuple, object] = {}
         self.hit = False
-        with contextlib.suppress(Exception):
-            self.parsed = pickle.loads(self.file.read_bytes())  # our own cache folder, written below
+        with contextlib.suppress(OSError, ValueError, TypeError, RecursionError):  # unreadable: rebuilt below
+            self.parsed = _decode(self.file.read_text(encoding="utf-8"))
             self.hit = True
 
     def load_yaml(self, path, **kwargs):
@@ -76,10 +127,13 @@ class YamlCache:
             return
         try:
             self.file.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=self.file.parent, delete=False, suffix=".partial") as handle:
-                pickle.dump(self.parsed, handle, protocol=pickle.HIGHEST_PROTOCOL)
+            with tempfile.NamedTemporaryFile(
+                "w", encoding="utf-8", dir=self.file.parent, delete=False, suffix=".partial"
+            ) as handle:
+                handle.write(_encode(self.parsed))
             os.replace(handle.name, self.file)
-            for old in self.file.parent.glob("*.pickle"):  # indexes of lm-eval task folders that changed
+            # indexes of lm-eval task folders that changed, and the pickles of earlier versions (never read)
+            for old in [*self.file.parent.glob("*.json"), *self.file.parent.glob("*.pickle")]:
                 if old != self.file:
                     old.unlink(missing_ok=True)
         except OSError as exc:

@@ -104,4 +104,51 @@ def test_lm_eval_task_index_cache_gives_the_same_index_and_follows_changes(tmp_p
     changed = entries(build([root]))
     assert changed["one"][2]["doc_to_text"] == "{{other}}", "a changed template must not be read from the cache"
     assert changed == entries(original([root]))
-    assert len(list((tmp_path / "home" / "lm-eval-task-index").glob("*.pickle"))) == 1
+    assert len(list((tmp_path / "home" / "lm-eval-task-index").glob("*.json"))) == 1
+
+
+class _Planted:
+    """A pickle that, loaded, writes a file: what someone able to write a shared DECODEBENCH_HOME could plant."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_planted_pickle_in_the_task_index_cache_runs_nothing_and_is_replaced(tmp_path, monkeypatch):
+    import pickle
+
+    from lm_eval.tasks import _index
+    from lm_eval.tasks._index import TaskIndex
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    from decodebench import task_index_cache
+    from decodebench.task_index_cache import YamlCache, cached_index_build
+
+    monkeypatch.setenv("DECODEBENCH_HOME", str(tmp_path / "home"))
+    root = tmp_path / "tasks"
+    root.mkdir()
+    (root / "one.yaml").write_text("task: one\ndoc_to_text: '{{q}}'\n")
+    (root / "dated.yaml").write_text("task: dated\nmetadata: {released: 2024-01-31}\n")  # a date: not JSON
+    original = TaskIndex.__dict__["build"].__func__
+    original = getattr(original, "__wrapped__", original)
+    monkeypatch.setattr(_index, "__file__", str(root / "_index.py"))
+    cache_file = task_index_cache._cache_file(root)
+    cache_file.parent.mkdir(parents=True)
+    marker = tmp_path / "planted-code-ran"
+    for planted in (cache_file, cache_file.with_suffix(".pickle")):  # today's name, and the name pickles had
+        planted.write_bytes(pickle.dumps(_Planted(marker)))
+
+    def entries(index):
+        return {name: (e.kind, e.yaml_path, e.cfg) for name, e in index.items()}
+
+    build = cached_index_build(_index, original)
+    assert entries(build([root])) == entries(original([root]))
+    assert not marker.exists()
+    assert sorted(p.name for p in cache_file.parent.iterdir()) == [cache_file.name]  # rebuilt; the pickle gone
+    cache = YamlCache(root, load_yaml)
+    assert cache.hit and [key[0] for key in cache.parsed] == [str(root / "one.yaml")]  # the date is parsed each time
+    assert entries(build([root])) == entries(original([root]))
+    assert (cache_file.stat().st_mode & 0o077) == 0  # the owner's alone
