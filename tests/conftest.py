@@ -60,6 +60,44 @@ def read_samples(output_path: Path, task: str) -> list[dict]:
     return [json.loads(line) for line in files[0].read_text().splitlines() if line.strip()]
 
 
+class Lines:
+    """A process's output stream read line by line on a thread (so its pipe never fills), to wait on what it says
+    instead of sleeping: ``wait_for(text, times)`` returns once ``text`` has appeared in ``times`` lines."""
+
+    def __init__(self, stream):
+        import threading
+
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            with self._changed:
+                self.lines.append(line)
+                self._changed.notify_all()
+        with self._changed:
+            self.closed = True
+            self._changed.notify_all()
+
+    closed = False
+
+    def wait_for(self, text: str, times: int = 1, timeout: float = 600) -> bool:
+        with self._changed:
+            return (
+                self._changed.wait_for(
+                    lambda: self.closed or sum(text in line for line in self.lines) >= times, timeout=timeout
+                )
+                and sum(text in line for line in self.lines) >= times
+            )
+
+    def text(self, timeout: float = 60) -> str:
+        """Everything read, once the stream has ended (or after ``timeout``)."""
+        self._thread.join(timeout)
+        return "".join(self.lines)
+
+
 def explain(proc: subprocess.CompletedProcess) -> str:
     return f"exit code {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-6000:]}"
 

@@ -137,9 +137,8 @@ def test_ctrl_c_in_the_main_job_reports_the_runs_that_finished(embedded_checkpoi
     import os
     import signal
     import subprocess
-    import time
 
-    from conftest import offline_env
+    from conftest import Lines, offline_env
 
     out = tmp_path / "results"
     command = [console_script("decodebench"), "demo", "--out", str(out), "--limit", "1", "--tasks", "squad_mini"]
@@ -152,13 +151,15 @@ def test_ctrl_c_in_the_main_job_reports_the_runs_that_finished(embedded_checkpoi
         text=True,
         start_new_session=True,  # its own process group, as a terminal's Ctrl-C reaches it
     )
-    seen = ""
-    deadline = time.monotonic() + 600
-    while "[2/2] lz:" not in seen and time.monotonic() < deadline:
-        seen += proc.stdout.readline()
-    time.sleep(3)  # lz's lm_eval is starting
+    # lm-eval logs "Running generate_until requests" as a run starts generating: the second time, lz's run is
+    # decoding its 64 tokens (seconds, more on a loaded machine) and the interrupt lands inside it, not after it
+    stderr_lines = Lines(proc.stderr)
+    generating = stderr_lines.wait_for("Running generate_until requests", times=2)
     os.killpg(proc.pid, signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=300)
+    stdout = proc.stdout.read()
+    proc.wait(timeout=300)
+    stderr = stderr_lines.text()
+    assert generating, stdout[-2000:] + stderr[-3000:]
     assert proc.returncode == 130, stdout[-2000:] + stderr[-3000:]
     assert "interrupted: 1 of 2 runs finished" in stdout and "Traceback" not in stdout
     assert (out / "leaderboard" / "leaderboard.md").is_file() and "| squad_mini | baseline |" in stdout

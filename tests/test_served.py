@@ -20,6 +20,7 @@ import urllib.request
 
 import pytest
 from conftest import (
+    Lines,
     console_script,
     explain,
     offline_env,
@@ -418,9 +419,11 @@ def test_a_server_killed_mid_run_fails_the_run_clearly_and_writes_no_results(spe
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(30)  # the requests are under way
+    stderr_lines = Lines(proc.stderr)
+    assert stderr_lines.wait_for("Running generate_until requests"), stderr_lines.text()[-3000:]  # under way
     speculative_server.kill()
-    _, stderr = proc.communicate(timeout=300)
+    proc.wait(timeout=300)
+    stderr = stderr_lines.text()
     assert proc.returncode != 0
     assert "stopped answering" in stderr or "cannot reach" in stderr, stderr[-3000:]
     assert results_files(tmp_path / "out") == []
