@@ -97,6 +97,10 @@ class BackendLM:
                 getattr(self, "pretrained_name", "the model"),
             )
 
+    def answer_source(self) -> dict:
+        """Who answers beyond the model and method (a served backend: the server), for the cache's identity."""
+        return {}
+
     def check_shared_cache(self, cache, path: str) -> None:
         """lm-eval's ``--use_cache`` keys answers by request alone: a cache written by another method, other
         arguments or another model would answer for this one. The first decodebench run writes who it is into
@@ -109,6 +113,7 @@ class BackendLM:
                 "method_args": self.method.config.as_dict(),
                 "pretrained": getattr(self, "pretrained_name", None),
                 "backend": self.backend_name,
+                **self.answer_source(),
             },
             sort_keys=True,
             default=str,

@@ -19,9 +19,16 @@ DCGM exporter at ``energy_url``, else NVML over every GPU when the server runs o
 with the reason. The backend knows no method: a method says what its requests carry (``vllm_sampling_kwargs``:
 ``extra_args`` travel as ``vllm_xargs``, penalties as themselves).
 
-Faults end the run with what happened (unreachable server, a request the server refuses, a server that stops
-answering, a request past ``timeout``); answers already received stay in lm-eval's ``--use_cache``, so a rerun
-asks only for the rest, and no results file is written for a failed run.
+What the server sends is checked, never trusted: a stream must be server-sent events of the OpenAI schema that end
+with a finish reason and ``[DONE]``, with ``usage`` present, whole, non-negative, never shrinking, at most
+``max_tokens`` and not zero for text received (``StreamCheck``); anything else is a named error for that request.
+Transient failures (connection lost, HTTP 429/500/502/503/504, a stream cut short) are retried up to
+``max_retries`` attempts in all (lm-eval's API models' argument, default 3) with backoff, counted per request
+(``retries``). Other faults end the run with what happened (unreachable server, a request the server refuses, a
+redirect, a request past ``timeout``); answers already received stay in lm-eval's ``--use_cache``, so a rerun asks
+only for the rest, and no results file is written for a failed run. Every other read (``/v1/models``,
+``/metrics``) is bounded in time and size (measure/http.py). An API key travels as lm-eval's API models send it
+(``OPENAI_API_KEY`` as a bearer token, or ``header=``) on every call, and is never written to the results.
 """
 
 from __future__ import annotations
@@ -31,8 +38,9 @@ import copy
 import inspect
 import json
 import logging
+import math
+import os
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
@@ -40,6 +48,7 @@ from urllib.parse import urlparse
 from lm_eval.models.openai_completions import LocalCompletionsAPI
 from tqdm import tqdm
 
+from decodebench.measure import http
 from decodebench.measure.energy import open_served_meter
 from decodebench.measure.memory import NoMemory
 from decodebench.models import backend
@@ -55,8 +64,20 @@ GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 DRAFTS, ACCEPTED = "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total"
 
 
+# what a retry may cure; any other status is the server's answer
+RETRY_STATUSES = (429, 500, 502, 503, 504)
+# the most text one token may decode to (byte-level BPE's longest pieces are runs of spaces or symbols)
+MAX_CHARS_PER_TOKEN = 256
+# the most of /metrics the gauge watcher reads each second
+METRICS_MAX_BYTES = 16 * 2**20
+
+
 class ServedError(RuntimeError):
     """What went wrong between decodebench and the server; the message says what, and what to do."""
+
+
+class TransientError(OSError):
+    """A failure another attempt may cure: the server's 429/5xx, or a stream cut before its end."""
 
 
 @dataclass
@@ -70,6 +91,82 @@ class Streamed:
     ttft_s: float | None = None
     latency_s: float = 0.0
     inter_token_s: list[float] = field(default_factory=list)
+    retries: int = 0
+
+
+class StreamCheck:
+    """One streamed answer's chunks, checked as they come: the OpenAI completions schema, the finish reason and
+    ``[DONE]``, and the server's token counts (``usage``), which decide throughput and so are never taken on trust."""
+
+    def __init__(self, max_tokens: int):
+        self.max_tokens = int(max_tokens)
+        self.completion_tokens = 0
+        self.prompt_tokens: int | None = None
+        self.finish_reason: str | None = None
+        self.done = False
+        self.text_chars = 0
+
+    def chunk(self, data: str) -> tuple[list[dict], int]:
+        """The chunk's choices and how many tokens it adds; a ``ServedError`` saying what is wrong with it."""
+        if self.done:
+            raise ServedError(f"the server sent data after [DONE]: {data[:200]!r}")
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise ServedError(f"a stream chunk is not JSON: {data[:200]!r}") from None
+        if not isinstance(chunk, dict):
+            raise ServedError(f"a stream chunk is not a JSON object: {data[:200]!r}")
+        if "error" in chunk:
+            raise ServedError(f"the server reported an error mid-stream: {str(chunk['error'])[:500]}")
+        choices = chunk.get("choices")
+        if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+            raise ServedError(f"a stream chunk has no list of choices (not the completions schema): {data[:200]!r}")
+        for choice in choices:
+            text = choice.get("text")
+            if text is not None and not isinstance(text, str):
+                raise ServedError(f"a choice's text is not a string: {data[:200]!r}")
+            self.text_chars += len(text or "")
+            if choice.get("finish_reason"):
+                self.finish_reason = _finish_reason(choice)
+        if self.text_chars > MAX_CHARS_PER_TOKEN * self.max_tokens:
+            raise ServedError(f"the server sent more text than {self.max_tokens} tokens (max_tokens) can decode to")
+        return choices, self._usage(chunk.get("usage"), data)
+
+    def _usage(self, usage, data: str) -> int:
+        if usage is None:
+            return 0
+        if not isinstance(usage, dict):
+            raise ServedError(f"usage is not an object: {data[:200]!r}")
+        counts = {}
+        for key in ("prompt_tokens", "completion_tokens"):
+            value = usage.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ServedError(f"usage.{key}={value!r}: expected a whole number >= 0 ({data[:200]!r})")
+            counts[key] = value
+        grown = counts["completion_tokens"] - self.completion_tokens
+        if grown < 0:
+            raise ServedError(
+                f"usage.completion_tokens went down from {self.completion_tokens} to {counts['completion_tokens']}"
+            )
+        if counts["completion_tokens"] > self.max_tokens:
+            raise ServedError(
+                f"usage.completion_tokens={counts['completion_tokens']} for a request of max_tokens={self.max_tokens}"
+            )
+        self.completion_tokens, self.prompt_tokens = counts["completion_tokens"], counts["prompt_tokens"]
+        return grown
+
+    def finish(self) -> None:
+        """At the stream's end: a cut stream is transient (retried); missing or inconsistent counts are not."""
+        if self.finish_reason is None or not self.done:
+            missing = "a finish reason" if self.finish_reason is None else "[DONE]"
+            raise TransientError(f"the stream ended before {missing} (cut short)")
+        if self.prompt_tokens is None:
+            raise ServedError(
+                "the stream carried no usage: decodebench takes token counts from the server (it asks for them "
+                "with stream_options include_usage and continuous_usage_stats)"
+            )
+        if self.text_chars and not self.completion_tokens:
+            raise ServedError(f"the server sent {self.text_chars} characters of text with usage.completion_tokens=0")
 
 
 def server_root(base_url: str) -> str:
@@ -80,16 +177,31 @@ def server_root(base_url: str) -> str:
     return f"{parsed.scheme}://{parsed.netloc}"
 
 
-def served_models(root: str, timeout_s: float = 10.0) -> list[dict]:
-    """The server's ``/v1/models``, or a ServedError that says it cannot be reached."""
+def auth_headers(header: dict | None = None) -> dict[str, str]:
+    """What lm-eval's API models send: ``header=`` when given, else ``OPENAI_API_KEY`` as a bearer token."""
+    if isinstance(header, str):  # from --model_args: JSON
+        header = json.loads(header)
+    if header:
+        return {str(key): str(value) for key, value in dict(header).items()}
+    key = os.environ.get("OPENAI_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def served_models(root: str, headers: dict[str, str] | None = None, timeout_s: float = 10.0) -> list[dict]:
+    """The server's ``/v1/models``, or a ServedError that says it cannot be reached or read."""
     try:
-        with urllib.request.urlopen(f"{root}/v1/models", timeout=timeout_s) as response:
-            return json.loads(response.read())["data"]
-    except (OSError, ValueError, KeyError) as exc:
+        cards = json.loads(http.get(f"{root}/v1/models", headers, timeout_s, max_bytes=2**20))["data"]
+        if not isinstance(cards, list) or not all(isinstance(c, dict) and isinstance(c.get("id"), str) for c in cards):
+            raise ValueError("its data is not a list of models with ids")
+        return cards
+    except OSError as exc:
+        hint = " (it wants an API key: set OPENAI_API_KEY)" if getattr(exc, "code", None) == 401 else ""
         raise ServedError(
-            f"cannot reach an OpenAI-compatible server at {root} ({exc}); start one with `decodebench serve`, or "
-            "check base_url"
+            f"cannot reach an OpenAI-compatible server at {root} ({exc}){hint}; start one with `decodebench serve`, "
+            "or check base_url"
         ) from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ServedError(f"{root}/v1/models is not an OpenAI model listing ({exc})") from None
 
 
 class ServedBackend(BackendLM, LocalCompletionsAPI):
@@ -115,7 +227,8 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
                 "serve` (`decodebench serve` starts one)"
             )
         self.server = server_root(base_url)
-        models = served_models(self.server)
+        self.server_headers = auth_headers(kwargs.get("header"))
+        models = served_models(self.server, self.server_headers)
         ids = [card["id"] for card in models]
         if model is None and len(ids) != 1:
             raise ValueError(f"the server at {self.server} serves {ids}: say which with model=<id>")
@@ -179,6 +292,7 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
                     ttft_s=out.ttft_s,
                     latency_s=out.latency_s,
                     inter_token_s=out.inter_token_s,
+                    retries=out.retries,
                     text=out.text,
                     decoding=decoding,
                 )
@@ -221,7 +335,10 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
             async def one(request, payload) -> Streamed:
                 nonlocal done
                 async with semaphore:
-                    out = await self._send(session, payload)
+                    try:
+                        out = await self._send(session, payload)
+                    except ServedError as exc:
+                        raise ServedError(f"the request for document {request.doc_id}: {exc}") from None
                 done += 1
                 self.cache_hook.add_partial("generate_until", request.args, out.text)  # kept if a later one fails
                 pbar.update(1)
@@ -235,13 +352,17 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
                 watcher.cancel()
 
     async def _send(self, session, payload: dict) -> Streamed:
-        """One streamed request, retried on connection errors (not on a refusal); the server's own message on error."""
+        """One streamed request; transient failures retried with backoff (``max_retries`` attempts in all)."""
         import aiohttp
 
         last = None
         for attempt in range(self.max_retries):
             try:
-                return await self._stream(session, payload)
+                out = await self._stream(session, payload)
+                out.retries = attempt
+                return out
+            except TransientError as exc:
+                last = f"the server at {self.server} failed a request: {exc}"
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 last = f"the server at {self.server} stopped answering ({type(exc).__name__}: {exc})"
             except TimeoutError:
@@ -249,42 +370,52 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
                     f"a request took more than timeout={self.timeout} s; raise --model_args timeout=... or lower "
                     "the load (num_concurrent)"
                 ) from None
-            await asyncio.sleep(min(10, 0.5 * 2**attempt))
-        raise ServedError(f"{last}, after {self.max_retries} attempts")
+            if attempt + 1 < self.max_retries:
+                await asyncio.sleep(min(10, 0.5 * 2**attempt))
+        raise ServedError(f"{last}, after {self.max_retries} attempts (max_retries)")
 
     async def _stream(self, session, payload: dict) -> Streamed:
         out = Streamed()
+        check = StreamCheck(payload["max_tokens"])
         started = last = time.perf_counter()
-        async with session.post(self.base_url, json=payload, headers=self.header) as response:
-            if response.status >= 400:
-                message = (await response.text())[:1000]
-                if response.status < 500:
-                    raise ServedError(f"the server refused a request (HTTP {response.status}): {message}")
-                raise OSError(f"HTTP {response.status}: {message}")
-            text_parts, tokens = [], 0
-            async for raw in response.content:
-                line = raw.decode("utf-8", errors="replace").strip()
-                if not line.startswith("data:") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[5:])
-                now = time.perf_counter()
-                usage = chunk.get("usage") or {}
-                for choice in chunk.get("choices") or []:
-                    text_parts.append(choice.get("text") or "")
-                    if choice.get("finish_reason"):
-                        out.finish_reason = _finish_reason(choice)
-                grown = int(usage.get("completion_tokens", tokens)) - tokens
-                if grown > 0:
-                    if out.ttft_s is None:
-                        out.ttft_s = now - started
-                    else:  # the gap since the previous chunk, shared by the tokens this chunk carries
-                        out.inter_token_s += [(now - last) / grown] * grown
-                    tokens += grown
-                    last = now
-                if usage:
-                    out.prompt_tokens = int(usage.get("prompt_tokens", out.prompt_tokens))
+        text_parts = []
+        async with session.post(self.base_url, json=payload, headers=self.header, allow_redirects=False) as response:
+            if response.status >= 300:
+                message = (await response.content.read(1000)).decode("utf-8", errors="replace")
+                if response.status in RETRY_STATUSES:
+                    raise TransientError(f"HTTP {response.status}: {message}")
+                where = f" to {response.headers.get('Location')}" if 300 <= response.status < 400 else ""
+                raise ServedError(f"the server refused a request (HTTP {response.status}{where}): {message}")
+            if response.content_type != "text/event-stream":
+                body = (await response.content.read(200)).decode("utf-8", errors="replace")
+                raise ServedError(
+                    f"the server answered a streamed request with {response.content_type or 'no content type'}, "
+                    f"not server-sent events (text/event-stream): {body!r}"
+                )
+            try:
+                async for raw in response.content:
+                    line = raw.decode("utf-8", errors="replace").strip()
+                    if not line.startswith("data:"):  # blank lines, comments, event:/id:/retry: fields
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        check.done = True
+                        continue
+                    choices, grown = check.chunk(data)
+                    now = time.perf_counter()
+                    text_parts += [choice.get("text") or "" for choice in choices]
+                    if grown > 0:
+                        if out.ttft_s is None:
+                            out.ttft_s = now - started
+                        else:  # the gap since the previous chunk, shared by the tokens this chunk carries
+                            out.inter_token_s += [(now - last) / grown] * grown
+                        last = now
+            except ValueError as exc:  # aiohttp: a line longer than its buffer
+                raise ServedError(f"the stream is not server-sent events ({exc})") from None
+        check.finish()
         out.latency_s = time.perf_counter() - started
-        out.text, out.new_tokens = "".join(text_parts), tokens
+        out.text, out.new_tokens = "".join(text_parts), check.completion_tokens
+        out.prompt_tokens, out.finish_reason = check.prompt_tokens, check.finish_reason
         return out
 
     # -- the server's own counters ------------------------------------------------------------
@@ -292,22 +423,26 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
         from decodebench.measure.prometheus import ScrapeError, scrape
 
         try:
-            return scrape(f"{self.server}/metrics")
+            return scrape(f"{self.server}/metrics", headers=self.server_headers)
         except ScrapeError as exc:
             log.warning("server counters unavailable: %s", exc)
             return None
 
     async def _watch_gauges(self, session, peaks: dict) -> None:
         """The peak of the server's running and waiting requests while the task runs (read once a second)."""
+        import aiohttp
         from prometheus_client.parser import text_string_to_metric_families
 
+        bounded = aiohttp.ClientTimeout(total=5)
         while True:
             try:
-                async with session.get(f"{self.server}/metrics") as response:
-                    text = await response.text()
-                for family in text_string_to_metric_families(text):
+                async with session.get(
+                    f"{self.server}/metrics", headers=self.server_headers, timeout=bounded, allow_redirects=False
+                ) as response:
+                    body = await response.content.read(METRICS_MAX_BYTES)
+                for family in text_string_to_metric_families(body.decode("utf-8", errors="replace")):
                     for sample in family.samples:
-                        if sample.name in GAUGES:
+                        if sample.name in GAUGES and math.isfinite(sample.value):
                             peaks[sample.name] = max(peaks.get(sample.name, 0.0), sample.value)
             except Exception:  # a missed reading costs nothing but the reading
                 pass
@@ -324,6 +459,9 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
         if counters.get(DRAFTS):
             counters["mean_acceptance_length"] = 1 + counters.get(ACCEPTED, 0.0) / counters[DRAFTS]
         return counters
+
+    def answer_source(self) -> dict:
+        return {"server": self.server}  # --use_cache must not answer one server's run with another's answers
 
     def get_model_info(self) -> dict:
         return {"decodebench": self.decodebench_info(self.pretrained_name, self.uses_embedded_model, self.server)}

@@ -105,7 +105,7 @@ def processor_steps(processor_cls, batch: int, steps: int, vocab: int, seed: int
     from vllm import SamplingParams
     from vllm.v1.sample.logits_processor import BatchUpdate
 
-    from decodebench.models.lz.vllm_processor import lz_extra_args
+    from decodebench.models.lz.request_args import lz_extra_args
 
     rng = random.Random(seed)
     outputs = [[rng.randrange(vocab) for _ in range(WINDOW + BUFFER)] for _ in range(batch)]
@@ -189,7 +189,7 @@ def vllm_worker(checkpoint: str, prompts: list[list[int]], new_tokens: int, roun
     """Seconds per round with and without the LZ penalty on one vLLM engine (run in its own process)."""
     from vllm import LLM, SamplingParams, TokensPrompt
 
-    from decodebench.models.lz.vllm_processor import lz_extra_args
+    from decodebench.models.lz.request_args import lz_extra_args
 
     # installed, decodebench registers the processor with vLLM: naming it again would load it twice
     llm = LLM(model=checkpoint, gpu_memory_utilization=0.3, max_model_len=2048, seed=0)

@@ -31,7 +31,7 @@ def lz_request(rng: random.Random):
     """A request's SamplingParams and its LZ settings (None: it does not ask for the penalty)."""
     from vllm import SamplingParams
 
-    from decodebench.models.lz.vllm_processor import lz_extra_args
+    from decodebench.models.lz.request_args import lz_extra_args
 
     config = random_config(rng)
     return SamplingParams(extra_args=lz_extra_args(config) if config else None), config
@@ -228,7 +228,8 @@ def test_the_v2_processor_penalizes_every_rows_history_as_the_kernel_and_the_v1_
     from vllm.v1.sample.logits_processor import BatchUpdate
     from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsContext
 
-    from decodebench.models.lz.vllm_processor import LZPenaltyLogitsProcessor, lz_extra_args
+    from decodebench.models.lz.request_args import lz_extra_args
+    from decodebench.models.lz.vllm_processor import LZPenaltyLogitsProcessor
 
     rng = random.Random(seed)
     state, states = request_state(8, 96, 3)

@@ -8,26 +8,31 @@ read before and after a measurement window and differenced (``deltas``); gauges 
 
 from __future__ import annotations
 
-import urllib.request
+import math
 from collections import defaultdict
+
+from decodebench.measure import http
 
 
 class ScrapeError(RuntimeError):
     """A metrics page that cannot be fetched or read; the message names the URL."""
 
 
-def scrape(url: str, timeout_s: float = 5.0) -> dict[str, float]:
+def scrape(url: str, timeout_s: float = 5.0, headers: dict[str, str] | None = None) -> dict[str, float]:
+    """The page's samples (bounded in time and size: measure/http.py); a sample that is not a finite number (NaN, a
+    gauge with nothing measured yet) is left out, as unavailable, rather than poisoning a total."""
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            text = response.read().decode("utf-8", errors="replace")
+        text = http.get(url, headers, timeout_s).decode("utf-8", errors="replace")
     except OSError as exc:
         raise ScrapeError(f"cannot read the metrics at {url}: {exc}") from None
     values: dict[str, float] = defaultdict(float)
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
+                if not math.isfinite(sample.value):
+                    continue
                 values[sample.name] += sample.value
                 if sample.labels:
                     labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))

@@ -70,6 +70,7 @@ class RequestRecord:
     repetition: dict[str, Any] | None = None
     decoding: dict[str, Any] | None = None  # decodebench.models.decoding.decoding_record
     inter_token_s: list[float] | None = None  # per generated token after the first (served requests)
+    retries: int = 0  # attempts after the first (served requests: a transient failure retried)
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -118,6 +119,7 @@ class Window:
         decoding: dict[str, Any] | None = None,
         latency_s: float | None = None,
         inter_token_s: list[float] | None = None,
+        retries: int = 0,
     ) -> RequestRecord:
         if finish_reason not in FINISH_REASONS:
             raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {finish_reason!r}")
@@ -135,6 +137,7 @@ class Window:
             repetition=find_degenerate_repetition(text).as_dict() if text is not None else None,
             decoding=decoding if decoding is not None else self.decoding,
             inter_token_s=inter_token_s,
+            retries=int(retries),
         )
         self.records.append(rec)
         self._attribute_energy()
@@ -235,6 +238,7 @@ class Recorder:
             "mean_latency_s": _mean(r.latency_s for r in records),
             "mean_ttft_s": _mean(r.ttft_s for r in records if r.ttft_s is not None),
             "finish_reasons": finish,
+            "retries": sum(r.retries for r in records),
             # every distinct way the task's requests were decoded, defaults included
             "decoding": _distinct(r.decoding for r in records if r.decoding is not None),
             "degenerate_rate": _mean(checked),

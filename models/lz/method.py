@@ -80,7 +80,7 @@ class LZ(Method):
     def vllm_sampling_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         config = self.config
         if config.penalty == "lz":
-            from decodebench.models.lz.vllm_processor import lz_extra_args
+            from decodebench.models.lz.request_args import lz_extra_args
 
             kwargs["extra_args"] = {**(kwargs.get("extra_args") or {}), **lz_extra_args(config)}
         elif config.penalty == "frequency":

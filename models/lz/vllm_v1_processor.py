@@ -26,7 +26,7 @@ from vllm.v1.sample.logits_processor.interface import MoveDirectionality
 
 from decodebench.kernels.lz import PAD, apply_lz_penalty_
 from decodebench.models.lz.config import LZConfig
-from decodebench.models.lz.vllm_processor import request_config
+from decodebench.models.lz.request_args import request_config
 
 
 @dataclass

@@ -1,0 +1,142 @@
+"""An OpenAI-compatible completions server of the tests' own, on loopback, that misbehaves on request.
+
+It streams as vLLM does (server-sent events, cumulative ``usage`` on every chunk, a usage-only last chunk, then
+``[DONE]``) when ``mode`` is "good"; every other mode is one of the ways a real server (or a hostile one) has answered
+decodebench, each with its exact input. It runs aiohttp's server on a thread of the test process: no sleep, no
+subprocess; ``requests`` counts the completions asked for, ``headers`` keeps what each call sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+from aiohttp import web
+
+MODEL = "fake-model"
+GOOD_TOKENS = 5
+
+
+class FakeOpenAI:
+    def __init__(self, mode: str = "good", metrics: str = "good", api_key: str | None = None):
+        self.mode, self.metrics, self.api_key = mode, metrics, api_key
+        self.requests = 0
+        self.headers: list[dict] = []
+        self.payloads: list[dict] = []
+        self._loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+        self._started.wait(30)
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        app = web.Application()
+        app.add_routes(
+            [
+                web.get("/v1/models", self._models),
+                web.post("/v1/completions", self._completions),
+                web.get("/metrics", self._metrics),
+            ]
+        )
+        self._runner = web.AppRunner(app)
+        self._loop.run_until_complete(self._runner.setup())
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        self._loop.run_until_complete(site.start())
+        self.port = site._server.sockets[0].getsockname()[1]
+        self._started.set()
+        self._loop.run_forever()
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(30)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- endpoints ---------------------------------------------------------------------------------------------
+    def _refused(self, request) -> web.Response | None:
+        self.headers.append(dict(request.headers))
+        if self.api_key and request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            return web.json_response({"error": "invalid API key"}, status=401)
+        return None
+
+    async def _models(self, request):
+        if refused := self._refused(request):
+            return refused
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "max_model_len": 2048}]})
+
+    async def _metrics(self, request):
+        if refused := self._refused(request):
+            return refused
+        if self.metrics == "nan":
+            return web.Response(text="# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running NaN\n")
+        if self.metrics == "trickle":  # one byte at a time, for ever
+            response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+            await response.prepare(request)
+            while True:
+                await response.write(b"#")
+                await asyncio.sleep(0.2)
+        return web.Response(
+            text="# TYPE vllm:prefix_cache_queries counter\nvllm:prefix_cache_queries_total 10\n"
+            "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n"
+        )
+
+    async def _completions(self, request):
+        if refused := self._refused(request):
+            return refused
+        self.requests += 1
+        payload = await request.json()
+        self.payloads.append(payload)
+        mode = self.mode
+        if mode == "503 once":
+            if self.requests == 1:
+                return web.Response(status=503, text="overloaded")
+            mode = "good"
+        if mode == "redirect":
+            raise web.HTTPTemporaryRedirect("http://192.0.2.1:9/v1/completions")
+        if mode == "plain json":  # a non-streamed answer to a streamed request
+            return web.json_response(
+                {
+                    "choices": [{"index": 0, "text": "Paris", "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11},
+                }
+            )
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for line in self._stream(mode, int(payload["max_tokens"])):
+            await response.write(f"data: {line}\n\n".encode())
+        await response.write_eof()
+        return response
+
+    @staticmethod
+    def _stream(mode: str, max_tokens: int) -> list[str]:
+        if mode == "not json":
+            return ["hello, this is not JSON"]
+        tokens = min(GOOD_TOKENS, max_tokens)
+        counts = list(range(1, tokens + 1))
+        if mode == "negative usage":
+            counts = [-3] * tokens
+        elif mode == "inflated usage":  # 1,500 output tokens for a request capped far lower
+            counts = [1500] * tokens
+        elif mode == "huge usage":
+            counts = [10**10] * tokens
+        chunks = []
+        for position, count in enumerate(counts):
+            last = position == tokens - 1
+            chunk = {"choices": [{"index": 0, "text": " word", "finish_reason": "length" if last else None}]}
+            if mode != "no usage":
+                chunk["usage"] = {"prompt_tokens": 10, "completion_tokens": count, "total_tokens": 10 + count}
+            chunks.append(json.dumps(chunk))
+        if mode == "cut":  # the connection closes cleanly before the finish reason
+            return chunks[:2]
+        if mode != "no usage":
+            chunks.append(json.dumps({"choices": [], "usage": json.loads(chunks[-1])["usage"]}))
+        return [*chunks, "[DONE]"]

@@ -1,0 +1,137 @@
+"""The served backend trusts nothing a server sends: each way a server has misbehaved, with its exact input, against
+a fake OpenAI-compatible server of the tests' own on loopback (tests/fake_openai.py). Runs without vLLM (py env)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from conftest import console_script, explain, fake_requests, results_files, run_command
+from fake_openai import GOOD_TOKENS, FakeOpenAI
+
+from decodebench.models.served import ServedError
+
+
+def served_lm(server: FakeOpenAI, tokenizer, method: str = "baseline", **args):
+    from lm_eval.api.registry import get_model
+
+    model_args = ",".join(
+        f"{key}={value}" for key, value in {"backend": "served", "base_url": server.base_url, **args}.items()
+    )
+    return get_model(method).create_from_arg_string(f"{model_args},pretrained={tokenizer}")
+
+
+@pytest.fixture()
+def server():
+    with FakeOpenAI() as fake:
+        yield fake
+
+
+@pytest.mark.parametrize(
+    ("mode", "named"),
+    [
+        ("not json", "a stream chunk is not JSON: 'hello, this is not JSON'"),
+        ("plain json", "answered a streamed request with application/json, not server-sent events"),
+        ("negative usage", "usage.completion_tokens=-3: expected a whole number >= 0"),
+        ("no usage", "the stream carried no usage"),
+        ("inflated usage", "usage.completion_tokens=1500 for a request of max_tokens=4"),
+        ("huge usage", "usage.completion_tokens=10000000000 for a request of max_tokens=4"),
+        ("cut", "the stream ended before a finish reason (cut short), after 2 attempts"),
+        ("redirect", "the server refused a request (HTTP 307 to http://192.0.2.1:9/v1/completions)"),
+    ],
+)
+def test_a_server_answer_that_is_not_a_whole_stream_is_a_named_error_for_that_request(
+    server, tiny_checkpoint, mode, named
+):
+    lm = served_lm(server, tiny_checkpoint, max_retries=2)
+    server.mode = mode
+    started = time.monotonic()
+    with pytest.raises(ServedError) as caught:
+        lm.generate_until(fake_requests(["The capital of France is"], max_gen_toks=4))
+    assert named in str(caught.value)
+    assert "the request for document 0" in str(caught.value) and "0 of 1 requests had been answered" in str(
+        caught.value
+    )
+    assert time.monotonic() - started < 30
+
+
+def test_a_transient_503_is_retried_and_counted(server, tiny_checkpoint):
+    lm = served_lm(server, tiny_checkpoint)
+    server.mode = "503 once"
+    (answer,) = lm.generate_until(fake_requests(["The capital of France is"], max_gen_toks=8))
+    assert answer == " word" * GOOD_TOKENS and server.requests == 2
+    summary = lm.decodebench_recorder.task_summaries()["t"]
+    assert summary["retries"] == 1 and summary["new_tokens"] == GOOD_TOKENS
+
+
+def test_the_api_key_goes_with_every_call_and_into_no_result(tiny_checkpoint, monkeypatch):
+    key = "sk-decodebench-test-0123456789"
+    with FakeOpenAI(api_key=key) as server:
+        with pytest.raises(ServedError, match=r"HTTP Error 401.*set OPENAI_API_KEY"):
+            served_lm(server, tiny_checkpoint)
+        monkeypatch.setenv("OPENAI_API_KEY", key)
+        lm = served_lm(server, tiny_checkpoint)
+        lm.generate_until(fake_requests(["The capital of France is"], max_gen_toks=8))
+        paths = {call.get("Authorization") for call in server.headers[1:]}  # after the refused listing
+        assert paths == {f"Bearer {key}"} and len(server.headers) >= 4  # models, metrics x2, the completion
+        summaries = json.dumps([lm.get_model_info(), lm.decodebench_recorder.task_summaries()], default=str)
+        assert key not in summaries
+
+
+def test_unreadable_server_counters_are_unavailable_and_do_not_hold_the_run(tiny_checkpoint):
+    for metrics in ("nan", "trickle"):
+        with FakeOpenAI(metrics=metrics) as server:
+            lm = served_lm(server, tiny_checkpoint)
+            started = time.monotonic()
+            (answer,) = lm.generate_until(fake_requests(["The capital of France is"], max_gen_toks=8))
+            assert answer == " word" * GOOD_TOKENS
+            engine = lm.decodebench_recorder.task_summaries()["t"]["engine"]
+            assert time.monotonic() - started < 30, metrics  # two scrapes of a page that never ends, bounded
+            if metrics == "trickle":
+                assert engine == {"unavailable": "the server's /metrics could not be read"}
+            else:  # the NaN gauge is left out, the rest read
+                assert "peak vllm:num_requests_running" not in json.dumps(engine)
+
+
+def test_lz_through_a_server_needs_no_vllm_on_the_client(server, tiny_checkpoint):
+    import importlib.util
+
+    assert importlib.util.find_spec("vllm") is None, "this test is for an environment without vLLM (tox -e py)"
+    lm = served_lm(server, tiny_checkpoint, method="lz")
+    (answer,) = lm.generate_until(fake_requests(["The capital of France is"], max_gen_toks=8))
+    assert answer == " word" * GOOD_TOKENS
+    assert server.payloads[-1]["vllm_xargs"]["lz_penalty"] == 0.15
+
+
+def test_lm_eval_against_a_server_sending_garbage_fails_naming_it_and_writes_no_results(
+    server, embedded_checkpoint, tmp_path
+):
+    server.mode = "not json"
+    proc = run_command(
+        [
+            console_script("lm_eval"),
+            *(
+                "--model",
+                "baseline",
+                "--model_args",
+                f"backend=served,base_url={server.base_url},pretrained=embedded,max_retries=1",
+            ),
+            *("--tasks", "squad_mini", "--limit", "2", "--gen_kwargs", "max_gen_toks=4"),
+            *("--output_path", str(tmp_path / "out")),
+        ],
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert proc.returncode != 0, explain(proc)
+    assert "a stream chunk is not JSON" in proc.stderr, explain(proc)
+    assert results_files(tmp_path / "out") == []
+
+
+def test_a_use_cache_written_through_one_server_does_not_answer_for_another(tiny_checkpoint):
+    cache = {}  # lm-eval's --use_cache database, as check_shared_cache sees it
+    with FakeOpenAI() as first, FakeOpenAI() as second:
+        served_lm(first, tiny_checkpoint).check_shared_cache(cache, "cache.db")
+        served_lm(first, tiny_checkpoint).check_shared_cache(cache, "cache.db")  # the same server again: fine
+        with pytest.raises(ValueError, match=f"server.*{second.base_url.removesuffix('/v1')}"):
+            served_lm(second, tiny_checkpoint).check_shared_cache(cache, "cache.db")
