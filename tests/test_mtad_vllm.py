@@ -484,6 +484,12 @@ def test_bad_verification_arguments_are_refused_with_what_is_allowed():
         check(block_verify="maybe")
     with pytest.raises(ValueError, match="mtad_tau and block_verify both given"):
         check(mtad_tau=0.1, block_verify=True)
+    for misspelt in ({"mtad_tauu": 0.1}, {"block_verification": True}, {"mtad_tau": 0.1, "mtad_gamma": 4}):
+        with pytest.raises(
+            ValueError, match=r"unknown verification settings \[.*\]; allowed: \['mtad_tau', 'block_verify'\]"
+        ):
+            check(**misspelt)
+    check(lz_penalty=0.15)  # another plugin's setting is its business
     check(mtad_tau=0.1)
     check(block_verify=True)
     VerificationRequests.validate_params(SamplingParams())

@@ -98,6 +98,10 @@ def requested_rule(params: SamplingParams) -> Rule | None:
     """The verification rule a request asks for, or None; a bad argument is a ValueError naming it and what is
     allowed."""
     extra = params.extra_args or {}
+    # a misspelt setting (mtad_tauu) would otherwise leave the request on vLLM's own rule without a word
+    unknown = sorted(key for key in extra if key.startswith(("mtad", "block")) and key not in (MTAD_ARG, BLOCK_ARG))
+    if unknown:
+        raise ValueError(f"unknown verification settings {unknown}; allowed: {[MTAD_ARG, BLOCK_ARG]}")
     tau, block = extra.get(MTAD_ARG), extra.get(BLOCK_ARG)
     if tau is None and block is None:
         return None
