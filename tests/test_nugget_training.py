@@ -127,6 +127,16 @@ def other_rank(tensors, metadata):
     metadata["adapters"] = json.dumps({**adapters, "rank": adapters["rank"] * 2})
 
 
+def huge_rank(tensors, metadata):  # built before its shapes were checked, it asked for terabytes
+    adapters = json.loads(metadata["adapters"])
+    metadata["adapters"] = json.dumps({**adapters, "rank": 10**9})
+
+
+def nan_alpha(tensors, metadata):
+    adapters = json.loads(metadata["adapters"])
+    metadata["adapters"] = json.dumps({**adapters, "alpha": float("nan")})
+
+
 def unknown_targets(tensors, metadata):
     adapters = json.loads(metadata["adapters"])
     metadata["adapters"] = json.dumps({**adapters, "targets": ["q_proj", "qkv_proj"]})
@@ -141,7 +151,9 @@ def unknown_targets(tensors, metadata):
         (lambda t, m: t.pop("soft_token"), "adapter settings or the soft token missing"),
         (lambda t, m: t.pop("encoder.model.layers.0.self_attn.q_proj.lora_A.weight"), "adapter tensors do not match"),
         (other_model, "was trained for another model"),
-        (other_rank, "but rank 64 adapters on this model need"),
+        (other_rank, "its metadata says rank 64, but its adapter tensors include"),
+        (huge_rank, "its metadata says rank 1000000000, but its adapter tensors include"),
+        (nan_alpha, "adapter alpha nan: expected a finite number"),
         (unknown_targets, "its adapters wrap ['qkv_proj'], which this model does not have"),
     ],
 )

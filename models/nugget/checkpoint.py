@@ -199,7 +199,28 @@ def read_checkpoint(path: str | Path) -> NuggetCheckpoint:
         raise CheckpointError(f"{path}: no scorer tensors")
     if adapters is not None and not ({"rank", "alpha", "targets"} <= set(adapters) and "soft_token" in tensors):
         raise CheckpointError(f"{path}: malformed metadata (adapter settings or the soft token missing)")
+    if adapters is not None:
+        _check_adapter_settings(path, adapters, tensors)
     bad = [key for key, value in tensors.items() if not torch.isfinite(value).all()]
     if bad:
         raise CheckpointError(f"{path}: non-finite values (NaN or inf) in {', '.join(sorted(bad)[:5])}")
     return NuggetCheckpoint(path, identity, layer, ratio, adapters, training, tensors)
+
+
+def _check_adapter_settings(path: Path, adapters: dict, tensors: dict[str, torch.Tensor]) -> None:
+    """The adapters' settings against the tensors the file holds, before any adapter is built: a rank the tensors do
+    not have (10^9 would ask for terabytes) or a non-finite alpha is the file's error, named."""
+    rank, alpha, targets = adapters["rank"], adapters["alpha"], adapters["targets"]
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise CheckpointError(f"{path}: malformed metadata (adapter rank {rank!r}: expected a whole number >= 1)")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+        raise CheckpointError(f"{path}: malformed metadata (adapter alpha {alpha!r}: expected a finite number)")
+    if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
+        raise CheckpointError(f"{path}: malformed metadata (adapter targets {targets!r}: expected module names)")
+    lora = {key: tuple(value.shape) for key, value in tensors.items() if ".lora_" in key}
+    wrong = sorted(key for key, shape in lora.items() if len(shape) != 2 or rank not in shape)
+    if not lora or wrong:
+        raise CheckpointError(
+            f"{path}: its metadata says rank {rank}, but its adapter tensors "
+            + (f"include {wrong[0]} of shape {lora[wrong[0]]}" if wrong else "are missing")
+        )
