@@ -146,6 +146,9 @@ def find_result_files(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
             files.append(path)
         elif path.is_dir():
             found = sorted(path.glob("**/results_*.json"))
+            # a FIFO or device under that name would block the read for ever
+            problems += [f"{p}: not a regular file; left out" for p in found if not p.is_file()]
+            found = [p for p in found if p.is_file()]
             if not found:
                 problems.append(f"{path}: no lm-eval results (results_*.json) in this folder")
             files += found

