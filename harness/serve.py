@@ -11,6 +11,7 @@ parallel on one node, Ray across nodes): only decodebench's vLLM plugin needs to
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -31,9 +32,37 @@ def vllm_command(model: str, host: str, port: int, vllm_args: list[str]) -> list
     if _on_cpu() and not any(arg.split("=")[0] in sizing for arg in vllm_args):
         from decodebench.models.vllm import cpu_kv_cache_bytes
 
-        length = _flag_value(vllm_args, "--max-model-len")
-        command += ["--kv-cache-memory-bytes", str(cpu_kv_cache_bytes(model, int(length) if length else None))]
+        length = _model_length(_flag_value(vllm_args, "--max-model-len"))
+        command += ["--kv-cache-memory-bytes", str(cpu_kv_cache_bytes(model, length))]
     return command
+
+
+def _model_length(value: str | None) -> int | None:
+    """``--max-model-len`` read as vLLM reads it (``4k``, ``1K``, ``auto``); None for auto, absent, or a value vLLM
+    will refuse itself with its own message."""
+    import argparse
+
+    from vllm.utils.argparse_utils import human_readable_int_or_auto
+
+    if value is None:
+        return None
+    try:
+        length = human_readable_int_or_auto(value)
+    except (ValueError, argparse.ArgumentTypeError):
+        return None
+    return length if length > 0 else None
+
+
+def port_taken(host: str, port: int) -> bool:
+    """Whether something already listens there: vLLM would fail to bind, and that other server would answer the
+    readiness check in its place."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.settimeout(2)
+        return (
+            probe.connect_ex(("127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host, port)) == 0
+        )
 
 
 def server_environment(vllm_args: list[str], model_runner: str = "auto") -> dict[str, str]:
@@ -96,12 +125,18 @@ def run_serve(model: str | None, host: str, port: int, vllm_args: list[str], mod
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if port_taken(host, port):
+        print(
+            f"error: port {port} on {host} is taken (something already listens there); choose --port", file=sys.stderr
+        )
+        return 2
     target, embedded = resolve_pretrained(model)
     command = vllm_command(str(target), host, port, vllm_args)
     runner = {"0": "V1", "1": "V2"}.get(environment.get(RUNNER_ENV, ""), "vLLM's choice")
     print(f"starting ({RUNNER_ENV}: {runner} model runner): " + " ".join(command), flush=True)
-    server = subprocess.Popen(command, env=environment)
     signal.signal(signal.SIGTERM, _stop_on_term)
+    # its own process group: vLLM's engine processes are stopped with it on every way out, startup included
+    server = subprocess.Popen(command, env=environment, start_new_session=True)
     shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     base = f"http://{shown_host}:{port}"
     try:
@@ -120,10 +155,21 @@ def run_serve(model: str | None, host: str, port: int, vllm_args: list[str], mod
     except KeyboardInterrupt:
         return 0
     finally:
-        if server.poll() is None:
-            server.send_signal(signal.SIGINT)  # vLLM shuts its engine down cleanly on SIGINT
-            try:
-                server.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+        stop_group(server)
+
+
+def stop_group(server: subprocess.Popen, grace_s: float = 60) -> None:
+    """vLLM's server and every process it started: SIGINT first (vLLM shuts its engine down cleanly on it), then
+    SIGKILL to the whole group after ``grace_s``, so no engine process outlives decodebench serve."""
+    import os
+
+    def signal_group(signum) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signum)
+
+    if server.poll() is None:
+        signal_group(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.wait(timeout=grace_s)
+    signal_group(signal.SIGKILL)  # children the server left (an engine stuck starting) go with the group
+    server.wait()

@@ -281,6 +281,52 @@ def test_bad_input_and_faults_say_what_happened(server, tmp_path):
     assert results_files(tmp_path / "slow") == []
 
 
+def test_decodebench_serve_refuses_a_taken_port_before_starting_anything(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        proc = run_command([console_script("decodebench"), "serve", "--port", str(port)], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2 and f"port {port} on 127.0.0.1 is taken" in proc.stderr, explain(proc)
+    assert "starting" not in proc.stdout and time.monotonic() - started < 60
+
+
+def test_decodebench_serve_reads_model_lengths_as_vllm_does(embedded_checkpoint, monkeypatch):
+    from decodebench import serve
+    from decodebench.models import vllm as vllm_backend
+
+    asked = []
+    monkeypatch.setattr(vllm_backend, "cpu_kv_cache_bytes", lambda model, length: asked.append(length) or 1)
+    for value, length in (("4k", 4000), ("1K", 1024), ("auto", None), ("-1", None), ("1024", 1024)):
+        command = serve.vllm_command(str(embedded_checkpoint), "127.0.0.1", 8000, ["--max-model-len", value])
+        assert command[-2:] == ["--kv-cache-memory-bytes", "1"] and asked[-1] == length, value
+
+
+def test_decodebench_serve_stopped_while_starting_leaves_no_engine_behind(embedded_checkpoint, tmp_path):
+    import psutil
+
+    command = [console_script("decodebench"), "serve", "--port", str(_free_port()), *SERVER_ARGS]
+    proc = subprocess.Popen(command, env=offline_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = Lines(proc.stdout)
+    try:
+        assert output.wait_for("starting ("), output.text()
+        serving, deadline = psutil.Process(proc.pid), time.monotonic() + 300
+        started = []
+        while len(started) < 2 and time.monotonic() < deadline:  # vllm serve, then its engine process
+            started = serving.children(recursive=True)
+            time.sleep(0.2)  # polls for the processes to appear; the test waits on them, not on the time
+        assert len(started) >= 2, output.text()
+        started = serving.children(recursive=True)
+        proc.send_signal(signal.SIGTERM)  # as a service manager or the 900 s start limit would
+        proc.wait(timeout=180)
+        alive = [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert alive == [], f"left running: {[p.cmdline()[:3] for p in alive]}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 @pytest.fixture(scope="module")
 def speculative_server(embedded_checkpoint, tmp_path_factory):
     """A server drafting with the target's first 10 layers (a draft model: q reaches the verifier), as

@@ -135,3 +135,47 @@ def test_a_use_cache_written_through_one_server_does_not_answer_for_another(tiny
         served_lm(first, tiny_checkpoint).check_shared_cache(cache, "cache.db")  # the same server again: fine
         with pytest.raises(ValueError, match=f"server.*{second.base_url.removesuffix('/v1')}"):
             served_lm(second, tiny_checkpoint).check_shared_cache(cache, "cache.db")
+
+
+STUCK_SERVER = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+if sys.argv[1] == "parent":  # as a vLLM server stuck starting: deaf to SIGINT, with an engine process of its own
+    engine = subprocess.Popen([sys.executable, "-c", sys.argv[2], "child", sys.argv[2]], stdout=subprocess.PIPE)
+    engine.stdout.readline()
+    print(engine.pid, flush=True)
+else:
+    print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_server_deaf_to_sigint_is_stopped_with_every_process_it_started():
+    import subprocess
+    import sys
+
+    from decodebench.serve import stop_group
+
+    server = subprocess.Popen(
+        [sys.executable, "-c", STUCK_SERVER, "parent", STUCK_SERVER], stdout=subprocess.PIPE, start_new_session=True
+    )
+    engine = int(server.stdout.readline())
+    started = time.monotonic()
+    stop_group(server, grace_s=1)
+    assert server.returncode is not None and time.monotonic() - started < 30
+    assert not running(engine)  # killing only the server left this one running
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie, killed and not yet reaped by whoever inherited it, does not)."""
+    import psutil
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # a SIGKILL lands within moments: wait for it, not for a time
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            return False
+        time.sleep(0.05)
+    return True
