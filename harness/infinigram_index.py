@@ -19,8 +19,8 @@ sample appears in it as an 8-gram). It proves the pipeline; real agreement studi
 ``check_index`` refuses a damaged index before the C++ engine reads it (a damaged one can crash
 the process): files whose names the engine would pick up but that are not the index's shards,
 shards whose sizes disagree with each other or with the sizes recorded at build time, offsets
-that do not point at document separators, a suffix array whose sampled entries point outside the
-data or between tokens, repeat, or are out of the order of their suffixes (checked whatever the
+that do not point at document separators, a suffix array with an entry outside the data or between
+tokens, or whose sampled entries repeat or are out of the order of their suffixes (checked whatever the
 metadata records: prebuilt indexes and indexes of 1 GiB or more have no checksums checked), and,
 for indexes under 1 GiB, files whose sha256 is not the one recorded at build time.
 """
@@ -288,39 +288,55 @@ def _check_shard(path: Path, suffix: str, width: int, recorded: dict | None) -> 
         raise InfinigramIndexError(f"{path} is damaged: document offsets of shard {suffix} do not point at separators")
 
 
-SUFFIX_ARRAY_SAMPLE = 4096  # adjacent pairs of suffix-array entries checked per shard
+SUFFIX_ARRAY_SAMPLE = 4096  # adjacent pairs of suffix-array entries whose order is checked per shard
 COMPARED_BYTES = 64  # how much of two suffixes the order check compares
+POINTER_CHUNK = 1 << 22  # suffix-array entries decoded at a time by the bounds check (32 MiB of pointers)
+
+
+def _pointers(entries: np.ndarray) -> np.ndarray:
+    """Little-endian suffix-array entries (rows of bytes) as integers."""
+    width = entries.shape[1]
+    if width in (1, 2, 4, 8):  # a plain integer type: read as it is
+        return np.ascontiguousarray(entries).view(f"<u{width}").ravel()
+    padded = np.zeros((len(entries), 8), dtype=np.uint8)  # 3, 5, 6 or 7 bytes: widened to 8 with zeros
+    padded[:, :width] = entries
+    return padded.view("<u8").ravel()
 
 
 def _check_suffix_array(path: Path, suffix: str, width: int) -> None:
-    """A sample of the suffix array must hold distinct pointers to token starts inside the data, in the order of
-    the suffixes they point at: the engine follows them without checking, and a table of random bytes, zeros or
-    0xFF crashes it (an index without recorded checksums is otherwise taken as it is)."""
+    """Every suffix-array entry must point at a token start inside the data (the engine follows them without
+    checking: one entry outside the data crashes it, wherever it is), and a sample must be distinct and in the order
+    of the suffixes they point at (a table of random bytes, zeros or 0xFF; an index without recorded checksums is
+    otherwise taken as it is). The bounds check reads the whole table, in chunks."""
     table = path / f"table.{suffix}"
     data = np.memmap(path / f"tokenized.{suffix}", dtype=np.uint8, mode="r")
     pointer_bytes = math.ceil(math.log2(len(data)) / 8) if len(data) > 1 else 1
     entries = np.memmap(table, dtype=np.uint8, mode="r").reshape(-1, pointer_bytes)
     count = len(entries)
-    rows = np.unique(np.concatenate([[0], np.linspace(0, count - 2, SUFFIX_ARRAY_SAMPLE).astype(np.int64)]))
-    rows = rows[rows + 1 < count] if count > 1 else rows
-    pairs = np.concatenate([rows, rows + 1]) if count > 1 else rows
-    raw = np.asarray(entries[pairs], dtype=np.uint64)
-    pointers = (raw << (8 * np.arange(pointer_bytes, dtype=np.uint64))).sum(axis=1)  # little-endian
-    problem = None
-    if np.any(pointers >= len(data)) or np.any(pointers % width):
-        problem = "points outside the data or between tokens"
-    elif count > 1 and len(np.unique(pointers)) < len(pointers):
-        problem = "repeats pointers"
-    else:
-        first, second = pointers[: len(rows)], pointers[len(rows) :]
-        for a, b in zip(first.tolist(), second.tolist(), strict=True):
-            if bytes(data[a : a + COMPARED_BYTES]) > bytes(data[b : b + COMPARED_BYTES]):
-                problem = "is not in the order of its suffixes"
-                break
+    problem, checked = None, count
+    for start in range(0, count, POINTER_CHUNK):
+        pointers = _pointers(entries[start : start + POINTER_CHUNK])
+        bad = np.flatnonzero((pointers >= len(data)) | (pointers % width != 0))
+        if len(bad):
+            problem = f"points outside the data or between tokens (entry {start + int(bad[0])})"
+            break
+    if problem is None:
+        rows = np.unique(np.concatenate([[0], np.linspace(0, count - 2, SUFFIX_ARRAY_SAMPLE).astype(np.int64)]))
+        rows = rows[rows + 1 < count] if count > 1 else rows
+        pairs = np.concatenate([rows, rows + 1]) if count > 1 else rows
+        pointers, checked = _pointers(entries[pairs]), len(pairs)
+        if count > 1 and len(np.unique(pointers)) < len(pointers):
+            problem = "repeats pointers"
+        else:
+            first, second = pointers[: len(rows)], pointers[len(rows) :]
+            for a, b in zip(first.tolist(), second.tolist(), strict=True):
+                if bytes(data[a : a + COMPARED_BYTES]) > bytes(data[b : b + COMPARED_BYTES]):
+                    problem = "is not in the order of its suffixes"
+                    break
     if problem:
         raise InfinigramIndexError(
             f"{path} is damaged: the suffix array of shard {suffix} ({table.name}) {problem} (checked on "
-            f"{len(pairs)} entries); rebuild the index with `decodebench build-index`"
+            f"{checked} entries); rebuild the index with `decodebench build-index`"
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import numpy as np
@@ -164,6 +165,28 @@ def test_a_damaged_suffix_array_is_refused_without_recorded_checksums(small_inde
     }[filling]
     (broken / "table.0").write_bytes(content)
     with pytest.raises(InfinigramIndexError, match=r"suffix array of shard 0 \(table.0\)"):
+        check_index(broken)
+
+
+def test_one_suffix_array_entry_outside_the_data_is_refused_wherever_it_is(small_index, tmp_path):
+    """One pointer damaged between the entries the order check samples: the engine would follow it out of the data."""
+    from decodebench.infinigram_index import SUFFIX_ARRAY_SAMPLE
+
+    index, _ = small_index
+    broken = damaged_copy(index, tmp_path, "one entry")
+    meta = json.loads((broken / "decodebench-index.json").read_text())
+    del meta["files"]
+    (broken / "decodebench-index.json").write_text(json.dumps(meta))
+    data_size = (broken / "tokenized.0").stat().st_size
+    pointer_bytes = math.ceil(math.log2(data_size) / 8)
+    table = bytearray((broken / "table.0").read_bytes())
+    count = len(table) // pointer_bytes
+    sampled = set(np.linspace(0, count - 2, SUFFIX_ARRAY_SAMPLE).astype(np.int64).tolist())
+    sampled |= {row + 1 for row in sampled} | {0}
+    entry = next(row for row in range(count // 2, count) if row not in sampled)
+    table[entry * pointer_bytes : (entry + 1) * pointer_bytes] = b"\xff" * pointer_bytes
+    (broken / "table.0").write_bytes(bytes(table))
+    with pytest.raises(InfinigramIndexError, match=rf"points outside the data or between tokens \(entry {entry}\)"):
         check_index(broken)
 
 
