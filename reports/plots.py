@@ -8,6 +8,12 @@ import io
 from decodebench.reports.tables import Row
 
 
+def plain(text: str) -> str:
+    """Text for matplotlib as it is: a ``$`` would start its TeX math, and a label that is bad TeX (labels come from
+    whoever wrote the results) fails the whole figure."""
+    return str(text).replace("$", r"\$")
+
+
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     """Indices of the points no other point beats on both axes (both maximized)."""
     front = []
@@ -54,9 +60,9 @@ def _scatter(rows: list[Row], axis: str) -> str | None:
         [xs[i] for i in ordered], [ys[i] for i in ordered], color="#d9480f", marker="o", zorder=3, label="Pareto front"
     )
     for x, y, row in zip(xs, ys, usable, strict=True):
-        ax.annotate(row.label[:40], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.annotate(plain(row.label[:40]), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     ax.set_xlabel("tokens/s (higher is better)" if axis == "speed" else "J/token (lower is better)")
-    ax.set_ylabel(usable[0].task.primary_metric or "quality")
+    ax.set_ylabel(plain(usable[0].task.primary_metric or "quality"))
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
@@ -93,7 +99,7 @@ def concurrency_plot(rows: list[Row]) -> str | None:
             points = sorted(points, key=lambda r: r.run.concurrency)
             xs = [1000 * ((r.measurement.get(key) or {}).get("p90") or float("nan")) for r in points]
             ys = [r.tokens_per_second for r in points]
-            ax.plot(xs, ys, marker="o", label=label[:40])
+            ax.plot(xs, ys, marker="o", label=plain(label[:40]))
             for x, y, row in zip(xs, ys, points, strict=True):
                 quality = f", {row.quality:.2f}" if row.quality is not None else ""
                 text = f"c={row.run.concurrency}{quality}"

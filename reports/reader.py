@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -157,9 +158,17 @@ def find_result_files(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
     return files, problems
 
 
+def finite_number(value: int | float) -> bool:
+    """Whether a number read from JSON is finite as a float: an integer beyond float's range (10^400 parses) is not,
+    and ``math.isfinite`` would raise on it."""
+    if isinstance(value, int):
+        return abs(value) <= sys.float_info.max
+    return math.isfinite(value)
+
+
 def _finite(value: Any, where: str, found: list[str]) -> Any:
     """``value`` with every non-finite number replaced by None, its place noted in ``found``."""
-    if isinstance(value, float) and not math.isfinite(value):
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not finite_number(value):
         found.append(where)
         return None
     if isinstance(value, dict):
@@ -182,7 +191,7 @@ def _task_result(path: Path, data: dict, name: str, scores: dict, measurement: d
             metrics[metric] = None
         elif isinstance(value, bool) or not isinstance(value, (int, float)):
             unread.append(metric)
-        elif not math.isfinite(value):
+        elif not finite_number(value):
             metrics[metric] = None
             nonfinite.append(metric)
         else:

@@ -173,6 +173,23 @@ def test_tables_show_intervals_paired_tests_speed_memory_and_energy(outputs, tmp
     assert len(rows) == 5 and {r["task"] for r in rows} == {"squad_mini", "cnndm_mini"}
 
 
+def test_a_label_that_is_bad_tex_and_a_number_beyond_floats_are_drawn_and_noted_not_fatal(tmp_path):
+    results_file(tmp_path / "baseline", "baseline", {"squad_mini": ([0, 1] * 5, 50, 5.0)})
+    results_file(tmp_path / "lz", "lz", {"squad_mini": ([1, 1] * 5, 60, 5.0)}, args={"penalty": "$\\frac{1}{$"})
+    huge = tmp_path / "lz" / f"results_{DATE}.json"
+    data = json.loads(huge.read_text())
+    data["results"]["squad_mini"]["f1,none"] = 10**400  # JSON parses it; math.isfinite raised on it
+    data["config"]["decodebench"]["tasks"]["squad_mini"]["joules_per_token"] = 10**400
+    huge.write_text(json.dumps(data))
+    write_report([tmp_path], tmp_path / "board")
+    html = (tmp_path / "board" / "leaderboard.html").read_text()
+    assert "data:image/png;base64," in html  # the quality-speed plot, labels and all
+    markdown = (tmp_path / "board" / "leaderboard.md").read_text()
+    assert "\\frac{1}{" in markdown
+    assert "squad_mini: non-finite value(s) for f1, shown as missing" in markdown
+    assert "squad_mini: non-finite measurement(s) joules_per_token, shown as missing" in markdown
+
+
 def test_a_fifo_named_like_results_is_left_out_not_waited_on(tmp_path):
     import os
 
