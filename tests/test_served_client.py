@@ -104,28 +104,35 @@ def test_lz_through_a_server_needs_no_vllm_on_the_client(server, tiny_checkpoint
     assert server.payloads[-1]["vllm_xargs"]["lz_penalty"] == 0.15
 
 
-def test_lm_eval_against_a_server_sending_garbage_fails_naming_it_and_writes_no_results(
+def test_lm_eval_against_a_server_sending_garbage_fails_naming_it_and_keeps_nothing(
     server, embedded_checkpoint, tmp_path
 ):
-    server.mode = "not json"
+    """A plain JSON answer to a streamed request: the old client scored an empty answer, exited 0 and cached it, so a
+    rerun sent no request at all."""
+    from sqlitedict import SqliteDict
+
+    from decodebench.models.backend import CACHE_IDENTITY_KEY
+
+    server.mode = "plain json"
+    cache = tmp_path / "cache" / "lm"
     proc = run_command(
         [
             console_script("lm_eval"),
-            *(
-                "--model",
-                "baseline",
-                "--model_args",
-                f"backend=served,base_url={server.base_url},pretrained=embedded,max_retries=1",
-            ),
+            "--model",
+            "baseline",
+            "--model_args",
+            f"backend=served,base_url={server.base_url},pretrained=embedded,max_retries=1",
             *("--tasks", "squad_mini", "--limit", "2", "--gen_kwargs", "max_gen_toks=4"),
-            *("--output_path", str(tmp_path / "out")),
+            *("--output_path", str(tmp_path / "out"), "--use_cache", str(cache)),
         ],
         cwd=tmp_path,
         timeout=300,
     )
     assert proc.returncode != 0, explain(proc)
-    assert "a stream chunk is not JSON" in proc.stderr, explain(proc)
+    assert "not server-sent events" in proc.stderr and "the request for document" in proc.stderr, explain(proc)
     assert results_files(tmp_path / "out") == []
+    with SqliteDict(f"{cache}_rank0.db") as answers:
+        assert set(answers) <= {CACHE_IDENTITY_KEY}  # no failed answer kept for a rerun to trust
 
 
 def test_a_use_cache_written_through_one_server_does_not_answer_for_another(tiny_checkpoint):
