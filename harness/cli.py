@@ -5,7 +5,7 @@ decodebench demo                   the main job: every method on the mini tasks,
 decodebench report RESULTS...      leaderboards from lm_eval outputs
 decodebench compare --model M ...  a method against the baseline in interleaved rounds
 decodebench serve                  `vllm serve` with decodebench's plugins, for backend=served
-decodebench sweep --model M ...    a method and the baseline through one server at several concurrency levels
+decodebench sweep --model M ...    a method and the baseline through one server at several loads
 decodebench methods                the methods of `lm_eval --model` and their arguments
 decodebench build-index CORPUS     an infini-gram index with a model's tokenizer
 decodebench train-nugget           train the nugget selector
@@ -185,10 +185,11 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    """Runs a method and the baseline through one OpenAI-compatible server (backend=served) at several numbers of
-    requests in flight, in rounds of alternating order, through the real `lm_eval`, and reports per level each
-    side's throughput, the method's over the baseline's paired per round with its interval, TTFT and TPOT
-    percentiles, and quality from the same generations with its paired test."""
+    """Runs a method and the baseline through one OpenAI-compatible server (backend=served) at several loads
+    (numbers of requests in flight, or request rates), in rounds of alternating order, through the real `lm_eval`,
+    and reports per level each side's throughput, the method's over the baseline's paired per round with its
+    interval, TTFT and TPOT percentiles, quality from the same generations with its paired test, and with --slo each
+    side's SLO attainment, goodput and the highest rate at which it kept --attainment of its requests within it."""
     from decodebench.sweep import run_sweep
 
     return run_sweep(
@@ -202,6 +203,10 @@ def _sweep(args: argparse.Namespace) -> int:
         args.rounds,
         args.limit,
         args.gen_kwargs,
+        args.request_rates,
+        args.burstiness,
+        args.slo,
+        args.attainment,
     )
 
 
@@ -358,12 +363,22 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--batch-size", default="1", help="lm_eval --batch_size for both (default 1)")
     compare.add_argument("--gen-kwargs", default=None, help="lm_eval --gen_kwargs for both")
 
-    sweep = command("sweep", _sweep, "a method and the baseline through one server at several concurrency levels")
+    sweep = command("sweep", _sweep, "a method and the baseline through one server at several loads")
     sweep.add_argument("--model", required=True, help="the method (lm_eval --model), e.g. lz")
     sweep.add_argument("--model-args", default=None, help="its --model_args, e.g. pretrained=embedded,strength=0.2")
     sweep.add_argument("--baseline-args", default=None, help="the baseline's (default: the method's, less its own)")
     sweep.add_argument("--base-url", required=True, help="the server, e.g. http://127.0.0.1:8000/v1")
-    sweep.add_argument("--concurrency", default="1,4,16", help="requests in flight, comma-separated (default 1,4,16)")
+    sweep.add_argument(
+        "--concurrency", default=None, help="requests in flight, comma-separated (closed loop; default 1,4,16)"
+    )
+    sweep.add_argument(
+        "--request-rates", default=None, help="requests per second, comma-separated (open loop), e.g. 0.5,1,2"
+    )
+    sweep.add_argument("--burstiness", default=None, help="the open loop's gamma shape (default 1: Poisson arrivals)")
+    sweep.add_argument("--slo", default=None, help="latency objectives, e.g. 'ttft:500;tpot:50' (ms; ttft, tpot, e2el)")
+    sweep.add_argument(
+        "--attainment", type=float, default=0.9, help="share of requests within --slo that keeps it (default 0.9)"
+    )
     sweep.add_argument("--tasks", required=True, help="comma-separated tasks")
     sweep.add_argument("--out", default="results/sweep", help="output folder (default: results/sweep)")
     sweep.add_argument("--rounds", type=int, default=2, help="rounds, the order alternating (default 2)")

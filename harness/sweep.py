@@ -1,32 +1,95 @@
-"""``decodebench sweep``: a method and the baseline through one server at several numbers of requests in flight.
+"""``decodebench sweep``: a method and the baseline through one server at several loads.
 
 Served decoding is judged at the load it will carry: this command runs ``--model M`` and ``--model baseline``
-with ``backend=served`` against the same ``base_url`` at each ``--concurrency`` level, in rounds whose order
+with ``backend=served`` against the same ``base_url`` at each load, numbers of requests in flight
+(``--concurrency``, closed loop) or request rates (``--request-rates``, open loop: models/served_load.py), in
+rounds whose order
 alternates (the levels forwards, then backwards; within a level, baseline and method alternating), through the
 real ``lm_eval``, after one untimed pass of every prompt (so that the server's prefix cache holds them for every
 timed run alike). Per level it reports each side's throughput (tokens/s over the task's wall time), the method's
 over the baseline's paired per round with its 95% bootstrap interval over rounds, TTFT, TPOT and ITL
-percentiles, the server's counters, and quality from the same generations with its paired test.
-``decodebench report OUT`` draws throughput against latency across the levels.
+percentiles, the server's counters, and quality from the same generations with its paired test. With ``--slo``,
+each side's SLO attainment (Wilson interval, n) and goodput per level, and, over request rates, the highest rate at
+which each side kept ``--attainment`` of its requests within the objectives. ``decodebench report OUT`` draws
+throughput against latency across the levels.
 
     decodebench sweep --model lz --base-url http://127.0.0.1:8000/v1 --concurrency 1,4,16 --tasks squad_mini
+    decodebench sweep --model mtad --base-url ... --request-rates 0.5,1,2 --slo 'ttft:2000;tpot:200' --tasks squad_mini
 """
 
 from __future__ import annotations
 
 import functools
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from decodebench.compare import SIDES, UsageError, checked_sides, exit_codes
 from decodebench.runs import LmEvalRun
 
 
-def level_args(args: dict[str, str], base_url: str, level: int) -> dict[str, str]:
-    return {**args, "backend": "served", "base_url": base_url, "num_concurrent": str(level)}
+@dataclass(frozen=True)
+class Level:
+    """One load of a sweep: ``value`` requests in flight (closed loop), or requests per second (open loop)."""
+
+    kind: str  # "concurrency" or "rate"
+    value: float
+    load_args: tuple[tuple[str, str], ...] = ()  # burstiness, slo: the same at every level
+
+    @property
+    def name(self) -> str:
+        return f"{self.value:g} in flight" if self.kind == "concurrency" else f"{self.value:g} req/s"
+
+    @property
+    def folder(self) -> str:
+        return f"concurrency-{self.value:g}" if self.kind == "concurrency" else f"rate-{self.value:g}"
+
+    def args(self) -> dict[str, str]:
+        key = "num_concurrent" if self.kind == "concurrency" else "request_rate"
+        return {key: f"{self.value:g}", **dict(self.load_args)}
 
 
-def warm_up(base_url: str, args: dict[str, str], tasks: list[str], limit: int | None, level: int) -> None:
+def level_args(args: dict[str, str], base_url: str, level: Level) -> dict[str, str]:
+    return {**args, "backend": "served", "base_url": base_url, **level.args()}
+
+
+def parse_levels(
+    concurrency: str | None, request_rates: str | None, burstiness: str | None, slo: str | None
+) -> list[Level]:
+    """The sweep's loads, or a UsageError naming what is wrong and what is allowed."""
+    import math
+
+    from decodebench.models.served_load import parse_slo
+
+    if concurrency and request_rates:
+        raise UsageError("give --concurrency (closed loop) or --request-rates (open loop), not both")
+    if burstiness is not None and not request_rates:
+        raise UsageError("--burstiness shapes an open loop's arrivals: give --request-rates with it")
+    if slo is not None:
+        try:
+            parse_slo(slo)
+        except ValueError as exc:
+            raise UsageError(f"--slo: {exc}") from None
+    extra = tuple((k, v) for k, v in (("burstiness", burstiness), ("slo", slo)) if v is not None)
+    kind, text = ("rate", request_rates) if request_rates else ("concurrency", concurrency or "1,4,16")
+    try:
+        values = [float(value) for value in text.split(",")]
+    except ValueError:
+        values = []
+    whole = kind == "rate" or all(v == int(v) for v in values)
+    if (
+        not values
+        or not whole
+        or not all(math.isfinite(v) and v > 0 for v in values)
+        or min(values) < (1 if kind == "concurrency" else 0)
+    ):
+        if kind == "rate":
+            raise UsageError(f"--request-rates {text!r}: comma-separated numbers > 0 (requests/s), e.g. 0.5,1,2")
+        raise UsageError(f"--concurrency {text!r}: comma-separated whole numbers >= 1, e.g. 1,4,16")
+    return [Level(kind, value, extra) for value in values]
+
+
+def warm_up(base_url: str, args: dict[str, str], tasks: list[str], limit: int | None, level: Level) -> None:
     """Every prompt through the server once, one new token each, before any timed run; its results are discarded.
 
     vLLM caches prompt prefixes by default, so without this the first timed run to meet a prompt pays its prefill
@@ -49,17 +112,18 @@ def run_levels(
     method_args: dict[str, str],
     baseline_args: dict[str, str],
     base_url: str,
-    levels: list[int],
+    levels: list[Level],
     tasks: list[str],
     out: Path,
     rounds: int,
     limit: int | None,
     gen_kwargs: str | None,
-) -> dict[int, list[dict[str, Path]]]:
+) -> dict[Level, list[dict[str, Path]]]:
     """{level: [{"baseline": results, "method": results} per round]}, taken in alternating orders after one
     untimed warm-up pass (``warm_up``)."""
-    produced: dict[int, list[dict[str, Path]]] = {level: [] for level in levels}
-    warm_up(base_url, baseline_args, tasks, limit, max(levels))
+    produced: dict[Level, list[dict[str, Path]]] = {level: [] for level in levels}
+    # the warm-up at the closed loop's largest level, or as fast as the server takes it: its timing is not kept
+    warm_up(base_url, baseline_args, tasks, limit, max(levels, key=lambda level: level.value))
     for number in range(rounds):
         order = levels if number % 2 == 0 else levels[::-1]
         for position, level in enumerate(order):
@@ -69,26 +133,26 @@ def run_levels(
                     model="baseline" if side == "baseline" else model,
                     model_args=level_args(baseline_args if side == "baseline" else method_args, base_url, level),
                     tasks=tasks,
-                    output_path=out / f"round-{number + 1}" / f"concurrency-{level}" / side,
+                    output_path=out / f"round-{number + 1}" / level.folder / side,
                     limit=limit,
                     gen_kwargs=gen_kwargs,
                 )
-                files[side] = run.run_or_raise(f"[round {number + 1}/{rounds}, {level} in flight] {side}")
+                files[side] = run.run_or_raise(f"[round {number + 1}/{rounds}, {level.name}] {side}")
             produced[level].append(files)
     return produced
 
 
-def summarize(produced: dict[int, list[dict[str, Path]]]) -> dict[int, dict[str, dict]]:
+def summarize(produced: dict[Level, list[dict[str, Path]]]) -> dict[str, dict[str, dict]]:
     """Per level and task: throughput of each side, the paired ratio with its interval, latency percentiles,
     server counters, and quality from the first round."""
     from decodebench.reports.reader import read_run
     from decodebench.reports.tables import metric_cells
     from decodebench.stats import speed_ratio_interval
 
-    summary: dict[int, dict[str, dict]] = {}
+    summary: dict[str, dict[str, dict]] = {}
     for level, rounds in produced.items():
         runs = [{side: read_run(path) for side, path in files.items()} for files in rounds]
-        summary[level] = {}
+        summary[level.name] = {}
         for task, method_task in runs[0]["method"].tasks.items():
             measured = [{side: run[side].tasks[task].measurement or {} for side in SIDES} for run in runs]
             tokens = {side: [m[side].get("new_tokens") or 0 for m in measured] for side in SIDES}
@@ -99,8 +163,11 @@ def summarize(produced: dict[int, list[dict[str, Path]]]) -> dict[int, dict[str,
             baseline_task = runs[0]["baseline"].tasks.get(task)
             cells, notes = metric_cells(method_task, baseline_task)
             base_cells, _ = metric_cells(baseline_task, None) if baseline_task else ({}, [])
-            summary[level][task] = {
+            summary[level.name][task] = {
+                "load": {"kind": level.kind, "value": level.value},
                 "throughput": {side: sum(tokens[side]) / sum(seconds[side]) for side in SIDES},
+                # each side's SLO attainment over every round's requests (None without --slo)
+                "slo": {side: pooled_slo([m[side].get("slo") for m in measured]) for side in SIDES},
                 "throughput_ratio": ratio,
                 "throughput_ratio_interval": interval.as_list() if len(runs) > 1 else None,
                 "rounds": len(runs),
@@ -120,7 +187,43 @@ def summarize(produced: dict[int, list[dict[str, Path]]]) -> dict[int, dict[str,
     return summary
 
 
-def markdown(summary: dict[int, dict[str, dict]], model: str, rounds: int) -> str:
+def pooled_slo(per_round: list[dict | None]) -> dict | None:
+    """One side's SLO attainment at one level, pooled over its rounds: met of n, the Wilson interval, goodput."""
+    from decodebench.stats import wilson_interval
+
+    rounds = [r for r in per_round if r]
+    if not rounds:
+        return None
+    met, n = sum(r["met"] for r in rounds), sum(r["n"] for r in rounds)
+    goodputs = [r["goodput_rps"] for r in rounds if r.get("goodput_rps") is not None]
+    return {
+        "objectives_s": rounds[0]["objectives_s"],
+        "met": met,
+        "n": n,
+        "attainment": met / n if n else None,
+        "attainment_interval": wilson_interval(met, n).as_list() if n else None,
+        "goodput_rps": sum(goodputs) / len(goodputs) if goodputs else None,
+    }
+
+
+def highest_rate_kept(summary: dict[str, dict[str, dict]], attainment: float) -> dict[str, dict[str, dict]]:
+    """Per task and side: the highest request rate at which the side met the objectives for at least
+    ``attainment`` of its requests, with that level's attainment and interval (None where no rate did)."""
+    found: dict[str, dict[str, dict]] = {}
+    for tasks in summary.values():
+        for task, row in tasks.items():
+            if row["load"]["kind"] != "rate":
+                continue
+            for side, slo in row["slo"].items():
+                if not slo or slo["attainment"] is None or slo["attainment"] < attainment:
+                    continue
+                best = found.setdefault(task, {}).get(side)
+                if best is None or row["load"]["value"] > best["rate"]:
+                    found[task][side] = {"rate": row["load"]["value"], **slo}
+    return found
+
+
+def markdown(summary: dict[str, dict[str, dict]], model: str, rounds: int, attainment: float = 0.9) -> str:
     from decodebench.reports.tables import bound_text, p_text
 
     def ms(values: dict | None) -> str:
@@ -134,9 +237,9 @@ def markdown(summary: dict[int, dict[str, dict]], model: str, rounds: int) -> st
         "Throughput: output tokens over the task's wall time; the ratio is paired per round. TTFT, TPOT: "
         "p50/p90/p99 in ms (baseline | method).",
         "",
-        "| in flight | task | baseline tokens/s | method tokens/s | ratio [95% CI] | TTFT (ms) | TPOT (ms) "
-        "| quality: method vs baseline [95% interval], p |",
-        "|---:|---|---:|---:|---|---|---|---|",
+        "| load | task | baseline tokens/s | method tokens/s | ratio [95% CI] | TTFT (ms) | TPOT (ms) "
+        "| quality: method vs baseline [95% interval], p | SLO met, n [95% CI]; goodput req/s (baseline \\| method) |",
+        "|---|---|---:|---:|---|---|---|---|---|",
     ]
     for level, tasks in summary.items():
         for task, row in tasks.items():
@@ -156,11 +259,28 @@ def markdown(summary: dict[int, dict[str, dict]], model: str, rounds: int) -> st
                     f"{bound_text(high)}] {p_text(comparison)}"
                 )
                 break  # the task's first metric: its primary one for decodebench's tasks
+            slo = " \\| ".join(slo_text(row["slo"][side]) for side in SIDES)
             lines.append(
                 f"| {level} | {task} | {row['throughput']['baseline']:.1f} | {row['throughput']['method']:.1f} "
-                f"| {ratio} | {ttft} | {tpot} | {'; '.join(quality) or '-'} |"
+                f"| {ratio} | {ttft} | {tpot} | {'; '.join(quality) or '-'} | {slo} |"
             )
+    kept = highest_rate_kept(summary, attainment)
+    if kept:
+        lines += ["", f"Highest request rate at which at least {attainment:.0%} of requests met every objective:", ""]
+        for task, sides in kept.items():
+            for side in SIDES:
+                best = sides.get(side)
+                text = f"{best['rate']:g} req/s ({slo_text(best)})" if best else "none of the rates swept"
+                lines.append(f"- {task}, {side}: {text}")
     return "\n".join(lines) + "\n"
+
+
+def slo_text(slo: dict | None) -> str:
+    if not slo or slo["attainment"] is None:
+        return "-"
+    low, high = slo["attainment_interval"]
+    goodput = f"; {slo['goodput_rps']:.2f}" if slo.get("goodput_rps") is not None else ""
+    return f"{slo['attainment']:.0%} of {slo['n']} [{low:.0%}, {high:.0%}]{goodput}"
 
 
 @exit_codes
@@ -169,19 +289,20 @@ def run_sweep(
     model_args: str | None,
     baseline_args: str | None,
     base_url: str,
-    concurrency: str,
+    concurrency: str | None,
     tasks: str,
     out: str,
     rounds: int,
     limit: int | None,
     gen_kwargs: str | None,
+    request_rates: str | None = None,
+    burstiness: str | None = None,
+    slo: str | None = None,
+    attainment: float = 0.9,
 ) -> int:
-    try:
-        levels = [int(level) for level in concurrency.split(",")]
-    except ValueError:
-        levels = []
-    if not levels or min(levels) < 1:
-        raise UsageError(f"--concurrency {concurrency!r}: comma-separated whole numbers >= 1, e.g. 1,4,16")
+    levels = parse_levels(concurrency, request_rates, burstiness, slo)
+    if not 0 < attainment <= 1:
+        raise UsageError(f"--attainment {attainment}: a share in (0, 1], e.g. 0.9")
     as_run = functools.partial(level_args, base_url=base_url, level=levels[0])
     method_args, base_args = checked_sides(model, model_args, baseline_args, rounds, as_run)
     out_dir = Path(out).resolve()
@@ -191,8 +312,11 @@ def run_sweep(
     summary = summarize(produced)
     from decodebench.reports.tables import finite
 
-    (out_dir / "sweep.md").write_text(markdown(summary, model, rounds))
-    (out_dir / "sweep.json").write_text(json.dumps(finite(summary), indent=2, allow_nan=False) + "\n")
-    print("\n" + markdown(summary, model, rounds))
+    text = markdown(summary, model, rounds, attainment)
+    (out_dir / "sweep.md").write_text(text)
+    kept = highest_rate_kept(summary, attainment)
+    document = {"levels": summary, "highest_rate_kept": kept, "attainment": attainment}
+    (out_dir / "sweep.json").write_text(json.dumps(finite(document), indent=2, allow_nan=False) + "\n")
+    print("\n" + text)
     print(f"written to {out_dir / 'sweep.md'}; `decodebench report {out_dir}` draws throughput against latency")
     return 0

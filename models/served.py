@@ -2,13 +2,18 @@
 
 ``lm_eval --model lz --model_args backend=served,base_url=http://127.0.0.1:8000/v1,num_concurrent=8`` builds
 prompts exactly as lm-eval's ``local-completions`` model does (its ``LocalCompletionsAPI``: the same chat
-templates, token-id prompts, stop sequences and payload), sends each request on its own, streamed, with at most
-``num_concurrent`` in flight, and measures every request as ``vllm bench serve`` defines it:
+templates, token-id prompts, stop sequences and payload), sends each request on its own, streamed, either with
+``num_concurrent`` in flight (closed loop) or at ``request_rate`` requests per second (open loop, arrivals as
+``vllm bench serve`` draws them: models/served_load.py), over one HTTP session per run with as many connections as
+requests may be in flight, and measures every request as ``vllm bench serve`` defines it:
 
-- TTFT: from sending the request to the first chunk that carries generated text;
-- ITL: the gap between two streamed chunks divided by the tokens the later one carries (speculative decoding
-  sends several per chunk; the server's cumulative ``usage`` on every chunk says how many);
-- TPOT: (latency - TTFT) / (output tokens - 1); latency: sending to the last chunk;
+- TTFT: from sending the request to the first chunk that carries generated text (or tokens), whatever else it
+  carries;
+- ITL (``chunk_gaps_s``, ``itl_chunk_s``): the raw gap between two streamed chunks of output, vLLM's definition;
+  per token (``inter_token_s``, ``itl_s``): each gap divided by the tokens its chunk carries (speculative decoding
+  sends several per chunk; the server's cumulative ``usage`` on every chunk says how many; a server that counts only
+  at the end leaves it unknown, None);
+- TPOT: (latency - TTFT) / (output tokens - 1), the first token excluded; latency (E2E): sending to the last chunk;
 - output and prompt tokens: the server's ``usage``, not re-tokenized.
 
 A task's tokens/s is its output tokens over the wall time of the whole task at that concurrency (throughput).
@@ -41,6 +46,7 @@ import logging
 import math
 import os
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
@@ -55,6 +61,7 @@ from decodebench.models import backend
 from decodebench.models.backend import BackendLM, resolve_pretrained
 from decodebench.models.decoding import decoding_record
 from decodebench.models.method import Method
+from decodebench.models.served_load import Load, arrival_times, parse_slo
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +97,10 @@ class Streamed:
     finish_reason: str = "length"
     ttft_s: float | None = None
     latency_s: float = 0.0
-    inter_token_s: list[float] = field(default_factory=list)
+    inter_token_s: list[float] | None = field(default_factory=list)
+    chunk_gaps_s: list[float] = field(default_factory=list)
     retries: int = 0
+    sent_s: float | None = None
 
 
 class StreamCheck:
@@ -105,6 +114,7 @@ class StreamCheck:
         self.finish_reason: str | None = None
         self.done = False
         self.text_chars = 0
+        self.chunk_had_usage = False
 
     def chunk(self, data: str) -> tuple[list[dict], int]:
         """The chunk's choices and how many tokens it adds; a ``ServedError`` saying what is wrong with it."""
@@ -133,6 +143,7 @@ class StreamCheck:
         return choices, self._usage(chunk.get("usage"), data)
 
     def _usage(self, usage, data: str) -> int:
+        self.chunk_had_usage = usage is not None
         if usage is None:
             return 0
         if not isinstance(usage, dict):
@@ -214,10 +225,14 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
         pretrained: Any = None,
         model: str | None = None,
         tokenizer: str | None = None,
-        num_concurrent: int = 1,
+        num_concurrent: int | None = None,
         energy_url: str | None = None,
         timeout: int = 600,
         max_length: int | None = None,
+        request_rate: float | None = None,
+        burstiness: float | None = None,
+        max_concurrency: int | None = None,
+        slo: str | None = None,
         **kwargs,
     ):
         self.method = method
@@ -227,6 +242,9 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
                 "serve` (`decodebench serve` starts one)"
             )
         self.server = server_root(base_url)
+        # the load and the objectives are checked before the server is asked anything
+        self.load = Load.from_args(num_concurrent, request_rate, burstiness, max_concurrency, kwargs.get("seed", 1234))
+        objectives = parse_slo(slo) if slo is not None else None
         self.server_headers = auth_headers(kwargs.get("header"))
         models = served_models(self.server, self.server_headers)
         ids = [card["id"] for card in models]
@@ -242,14 +260,12 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
             tokenizer, self.uses_embedded_model = resolve_pretrained(pretrained) if pretrained else (model, False)
         else:
             self.uses_embedded_model = False
-        if int(num_concurrent) < 1:
-            raise ValueError(f"num_concurrent={num_concurrent}: must be at least 1")
         super().__init__(
             base_url=f"{self.server}/v1/completions",
             model=model,
             tokenizer=str(tokenizer),
             tokenizer_backend="huggingface",
-            num_concurrent=int(num_concurrent),
+            num_concurrent=self.load.in_flight or 1,
             timeout=int(timeout),
             max_length=int(max_length or card.get("max_model_len") or 2048),
             tokenized_requests=True,
@@ -259,6 +275,11 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
         self.init_measurement(
             open_served_meter(base_url, energy_url), memory=NoMemory("the model runs in the server's processes")
         )
+        self.decodebench_recorder.slo = objectives
+        # one event loop and one HTTP session for the whole run: connections stay warm from task to task
+        self._loop = asyncio.Runner()
+        self._http: dict[str, Any] = {}
+        weakref.finalize(self, _close_http, self._loop, self._http)
         method.setup(self)
 
     @classmethod
@@ -267,7 +288,8 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
         for klass in (LocalCompletionsAPI, LocalCompletionsAPI.__mro__[1]):
             params = inspect.signature(klass.__init__).parameters.values()
             named |= {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
-        return sorted((named | {"energy_url"}) - {"self", "tokenizer_backend", "tokenized_requests"})
+        own = {"energy_url", "request_rate", "burstiness", "max_concurrency", "slo"}
+        return sorted((named | own) - {"self", "tokenizer_backend", "tokenized_requests"})
 
     # -- lm-eval API ----------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
@@ -278,20 +300,30 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
             batch = [requests[i] for i in positions]
             payloads, decodings = zip(*(self._payload(request) for request in batch), strict=True)
             before = self._scrape()
+            arrivals = (
+                arrival_times(len(batch), self.load.request_rate, self.load.burstiness, self.load.seed)
+                if self.load.open
+                else None
+            )
             with self.decodebench_recorder.open(task) as window:
                 peaks: dict[str, float] = {}
-                streamed = asyncio.run(self._send_all(task, batch, list(payloads), peaks, pbar))
+                streamed = self._loop.run(self._send_all(task, batch, list(payloads), arrivals, peaks, pbar))
             window.engine = self._server_counters(before, self._scrape(), peaks)
+            window.load = self.load.describe()
+            if arrivals is not None:
+                window.load["arrivals_s"] = arrivals.tolist()
             for position, request, out, decoding in zip(positions, batch, streamed, decodings, strict=True):
                 window.record(
                     request,
                     prompt_tokens=out.prompt_tokens,
                     new_tokens=out.new_tokens,
                     finish_reason=out.finish_reason,
-                    batch_size=self._concurrent,
+                    batch_size=self.load.in_flight or 1,
                     ttft_s=out.ttft_s,
                     latency_s=out.latency_s,
                     inter_token_s=out.inter_token_s,
+                    chunk_gaps_s=out.chunk_gaps_s,
+                    sent_s=out.sent_s,
                     retries=out.retries,
                     text=out.text,
                     decoding=decoding,
@@ -323,43 +355,63 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
         decoding = decoding_record(temperature > 0, temperature, payload.get("top_k"), payload.get("top_p"))
         return payload, decoding
 
-    async def _send_all(self, task: str, batch: list, payloads: list[dict], peaks: dict, pbar) -> list[Streamed]:
+    async def _session(self):
+        """The run's HTTP session, made on first use in the run's event loop: as many connections as requests may
+        be in flight (aiohttp's default of 100 queued the rest inside the client, counted as their TTFT)."""
         import aiohttp
 
-        semaphore = asyncio.Semaphore(self._concurrent)
+        if "session" not in self._http:
+            connector = aiohttp.TCPConnector(limit=self.load.in_flight or 0, limit_per_host=0)
+            self._http["session"] = aiohttp.ClientSession(
+                connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout)
+            )
+        return self._http["session"]
+
+    async def _send_all(
+        self, task: str, batch: list, payloads: list[dict], arrivals, peaks: dict, pbar
+    ) -> list[Streamed]:
+        """Every request of a task: ``load.in_flight`` at a time (closed loop), or each at its arrival time
+        (open loop, capped by ``max_concurrency`` when given)."""
+        session = await self._session()
+        in_flight = asyncio.Semaphore(self.load.in_flight) if self.load.in_flight else None
         done = 0
-        timeout = aiohttp.ClientTimeout(total=self.timeout)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            watcher = asyncio.create_task(self._watch_gauges(session, peaks))
+        start = time.perf_counter()
+        watcher = asyncio.create_task(self._watch_gauges(session, peaks))
 
-            async def one(request, payload) -> Streamed:
-                nonlocal done
-                async with semaphore:
-                    try:
-                        out = await self._send(session, payload)
-                    except ServedError as exc:
-                        raise ServedError(f"the request for document {request.doc_id}: {exc}") from None
-                done += 1
-                self.cache_hook.add_partial("generate_until", request.args, out.text)  # kept if a later one fails
-                pbar.update(1)
-                return out
-
+        async def one(number, request, payload) -> Streamed:
+            nonlocal done
+            if arrivals is not None:
+                await asyncio.sleep(max(0.0, start + arrivals[number] - time.perf_counter()))
             try:
-                return await asyncio.gather(*(one(r, p) for r, p in zip(batch, payloads, strict=True)))
+                if in_flight is None:
+                    out = await self._send(session, payload, start)
+                else:
+                    async with in_flight:
+                        out = await self._send(session, payload, start)
             except ServedError as exc:
-                raise ServedError(f"task {task}: {exc} ({done} of {len(batch)} requests had been answered)") from None
-            finally:
-                watcher.cancel()
+                raise ServedError(f"the request for document {request.doc_id}: {exc}") from None
+            done += 1
+            self.cache_hook.add_partial("generate_until", request.args, out.text)  # kept if a later one fails
+            pbar.update(1)
+            return out
 
-    async def _send(self, session, payload: dict) -> Streamed:
+        try:
+            return await asyncio.gather(*(one(i, r, p) for i, (r, p) in enumerate(zip(batch, payloads, strict=True))))
+        except ServedError as exc:
+            raise ServedError(f"task {task}: {exc} ({done} of {len(batch)} requests had been answered)") from None
+        finally:
+            watcher.cancel()
+
+    async def _send(self, session, payload: dict, start: float | None = None) -> Streamed:
         """One streamed request; transient failures retried with backoff (``max_retries`` attempts in all)."""
         import aiohttp
 
         last = None
+        sent = time.perf_counter() - start if start is not None else None
         for attempt in range(self.max_retries):
             try:
                 out = await self._stream(session, payload)
-                out.retries = attempt
+                out.retries, out.sent_s = attempt, sent
                 return out
             except TransientError as exc:
                 last = f"the server at {self.server} failed a request: {exc}"
@@ -392,6 +444,7 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
                     f"the server answered a streamed request with {response.content_type or 'no content type'}, "
                     f"not server-sent events (text/event-stream): {body!r}"
                 )
+            counted = True  # every chunk with text carried the server's token count so far
             try:
                 async for raw in response.content:
                     line = raw.decode("utf-8", errors="replace").strip()
@@ -403,16 +456,25 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
                         continue
                     choices, grown = check.chunk(data)
                     now = time.perf_counter()
-                    text_parts += [choice.get("text") or "" for choice in choices]
-                    if grown > 0:
-                        if out.ttft_s is None:
-                            out.ttft_s = now - started
-                        else:  # the gap since the previous chunk, shared by the tokens this chunk carries
+                    text = "".join(choice.get("text") or "" for choice in choices)
+                    text_parts.append(text)
+                    counted = counted and (check.chunk_had_usage or not text)
+                    # a chunk of output: it carries text, or tokens the server counted as they came (not the total
+                    # of a server that counts only at the end)
+                    if not (text or (grown > 0 and counted)):
+                        continue
+                    if out.ttft_s is None:
+                        out.ttft_s = now - started
+                    else:
+                        out.chunk_gaps_s.append(now - last)
+                        if grown > 0 and counted:  # the gap, shared by the tokens this chunk carries
                             out.inter_token_s += [(now - last) / grown] * grown
-                        last = now
+                    last = now
             except ValueError as exc:  # aiohttp: a line longer than its buffer
                 raise ServedError(f"the stream is not server-sent events ({exc})") from None
         check.finish()
+        if not counted:  # per-token gaps are unknown where the server counted tokens only at the end
+            out.inter_token_s = None
         out.latency_s = time.perf_counter() - started
         out.text, out.new_tokens = "".join(text_parts), check.completion_tokens
         out.prompt_tokens, out.finish_reason = check.prompt_tokens, check.finish_reason
@@ -465,6 +527,13 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
 
     def get_model_info(self) -> dict:
         return {"decodebench": self.decodebench_info(self.pretrained_name, self.uses_embedded_model, self.server)}
+
+
+def _close_http(loop: asyncio.Runner, http: dict) -> None:
+    """At the backend's end: its session's connections closed in the loop that opened them, then the loop."""
+    if "session" in http:
+        loop.run(http.pop("session").close())
+    loop.close()
 
 
 def _finish_reason(choice: dict) -> str:

@@ -22,7 +22,7 @@ SERVER_ARGS = ("--max-model-len", "2048", "--seed", "0")
 
 
 def collect(folder: Path, argv: list[str], limit: int, rounds: int, max_gen_toks: int, out: str) -> None:
-    from decodebench.sweep import run_levels
+    from decodebench.sweep import Level, run_levels
 
     started = time.time()
     with serving(*SERVER_ARGS) as base_url:
@@ -31,7 +31,7 @@ def collect(folder: Path, argv: list[str], limit: int, rounds: int, max_gen_toks
             {"pretrained": "embedded"},
             {"pretrained": "embedded"},
             base_url,
-            list(LEVELS),
+            [Level("concurrency", level) for level in LEVELS],
             ["squad_mini"],
             Path(out).resolve(),
             rounds,
@@ -41,21 +41,23 @@ def collect(folder: Path, argv: list[str], limit: int, rounds: int, max_gen_toks
     for level, runs in produced.items():
         for number, files in enumerate(runs, 1):
             for side, results in files.items():
-                keep_lm_eval_run(results, folder / f"round-{number}" / f"concurrency-{level}" / side)
+                keep_lm_eval_run(results, folder / f"round-{number}" / level.folder / side)
     record_run(
         folder, __file__, argv, started, levels=list(LEVELS), limit=limit, max_gen_toks=max_gen_toks, warm_up=True
     )
 
 
-def kept(folder: Path) -> dict[int, list[dict[str, Path]]]:
+def kept(folder: Path) -> dict:
     """The sweep's runs as decodebench.sweep.summarize takes them, from the data folder."""
-    produced: dict[int, list[dict[str, Path]]] = {}
+    from decodebench.sweep import Level
+
+    produced: dict = {}
     for round_folder in sorted(folder.glob("round-*"), key=lambda p: int(p.name.split("-")[1])):
         for level_folder in round_folder.glob("concurrency-*"):
-            level = int(level_folder.name.split("-")[1])
+            level = Level("concurrency", int(level_folder.name.split("-")[1]))
             files = {side.name: next(side.glob("results_*.json")) for side in level_folder.iterdir()}
             produced.setdefault(level, []).append(files)
-    return dict(sorted(produced.items()))
+    return dict(sorted(produced.items(), key=lambda item: item[0].value))
 
 
 LZ_BUFFER = 32  # the LZ penalty's default look-ahead buffer (models/lz/config.py), the run's
@@ -83,8 +85,9 @@ def render(folder: Path) -> str:
         "| TPOT (ms) | ITL (ms) |",
         "|---:|---|---|---|---:|---|---|---|---|",
     ]
-    for level, tasks in summary.items():
+    for tasks in summary.values():
         row = tasks["squad_mini"]
+        level = f"{row['load']['value']:g}"  # requests in flight
         interval = row["throughput_ratio_interval"]
         ratio = f"{row['throughput_ratio']:.2f}x" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
         for side in SIDES:

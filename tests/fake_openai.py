@@ -19,8 +19,11 @@ GOOD_TOKENS = 5
 
 
 class FakeOpenAI:
-    def __init__(self, mode: str = "good", metrics: str = "good", api_key: str | None = None):
+    def __init__(self, mode: str = "good", metrics: str = "good", api_key: str | None = None, gap_s: float = 0.0):
         self.mode, self.metrics, self.api_key = mode, metrics, api_key
+        self.gap_s = gap_s  # between streamed chunks
+        self.hold_until = 0  # "hold": answer once this many requests are in flight at once (or after 30 s)
+        self.in_flight = self.peak_in_flight = 0
         self.requests = 0
         self.headers: list[dict] = []
         self.payloads: list[dict] = []
@@ -109,12 +112,25 @@ class FakeOpenAI:
                     "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11},
                 }
             )
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for line in self._stream(mode, int(payload["max_tokens"])):
-            await response.write(f"data: {line}\n\n".encode())
-        await response.write_eof()
-        return response
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            if mode == "hold":
+                for _ in range(3000):  # until enough are in flight at once, at most 30 s
+                    if self.peak_in_flight >= self.hold_until:
+                        break
+                    await asyncio.sleep(0.01)
+                mode = "good"
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            for line in self._stream(mode, int(payload["max_tokens"])):
+                await response.write(f"data: {line}\n\n".encode())
+                if self.gap_s:
+                    await asyncio.sleep(self.gap_s)
+            await response.write_eof()
+            return response
+        finally:
+            self.in_flight -= 1
 
     @staticmethod
     def _stream(mode: str, max_tokens: int) -> list[str]:
@@ -132,11 +148,14 @@ class FakeOpenAI:
         for position, count in enumerate(counts):
             last = position == tokens - 1
             chunk = {"choices": [{"index": 0, "text": " word", "finish_reason": "length" if last else None}]}
-            if mode != "no usage":
+            if mode not in ("no usage", "usage at end"):  # OpenAI's API without continuous usage: the end only
                 chunk["usage"] = {"prompt_tokens": 10, "completion_tokens": count, "total_tokens": 10 + count}
             chunks.append(json.dumps(chunk))
         if mode == "cut":  # the connection closes cleanly before the finish reason
             return chunks[:2]
-        if mode != "no usage":
+        if mode == "usage at end":
+            usage = {"prompt_tokens": 10, "completion_tokens": tokens, "total_tokens": 10 + tokens}
+            chunks.append(json.dumps({"choices": [], "usage": usage}))
+        elif mode != "no usage":
             chunks.append(json.dumps({"choices": [], "usage": json.loads(chunks[-1])["usage"]}))
         return [*chunks, "[DONE]"]

@@ -91,6 +91,11 @@ def test_compare_runs_baseline_and_method_interleaved_through_lm_eval(tiny_check
         (["--concurrency", "0,4"], "comma-separated whole numbers >= 1"),
         (["--concurrency", "1,four"], "comma-separated whole numbers >= 1"),
         (["--rounds", "0"], "--rounds must be at least 1"),
+        (["--request-rates", "0,1"], "--request-rates '0,1': comma-separated numbers > 0 (requests/s)"),
+        (["--request-rates", "1", "--concurrency", "4"], "give --concurrency (closed loop) or --request-rates"),
+        (["--burstiness", "0.5"], "--burstiness shapes an open loop's arrivals: give --request-rates with it"),
+        (["--request-rates", "1", "--slo", "itl:50"], "--slo: slo='itl:50': unknown objective 'itl'"),
+        (["--request-rates", "1", "--attainment", "1.5"], "--attainment 1.5: a share in (0, 1]"),
     ],
 )
 def test_a_sweep_with_a_bad_load_says_what_is_allowed_before_running(flags, message, tmp_path):
@@ -102,3 +107,47 @@ def test_a_sweep_with_a_bad_load_says_what_is_allowed_before_running(flags, mess
         cwd=tmp_path,
     )
     assert proc.returncode == 2 and message in proc.stderr, explain(proc)
+
+
+def test_a_rate_sweep_names_the_highest_rate_each_side_kept_its_objectives():
+    """From per-level summaries as decodebench sweep builds them: attainment pooled over rounds (Wilson interval),
+    and the highest rate with at least the asked attainment, per side."""
+    from decodebench.sweep import highest_rate_kept, markdown, pooled_slo
+
+    objectives = {"ttft_s": 0.5}
+
+    def side(met, n):
+        return {"objectives_s": objectives, "met": met, "n": n, "goodput_rps": met / 10}
+
+    def level(rate, baseline, method):
+        slo = {"baseline": pooled_slo([side(*baseline)]), "method": pooled_slo([side(*method), side(*method)])}
+        row = {
+            "load": {"kind": "rate", "value": rate},
+            "throughput": {"baseline": 10.0, "method": 12.0},
+            "throughput_ratio": 1.2,
+            "throughput_ratio_interval": None,
+            "rounds": 1,
+            "latency": {s: {"ttft_s": None, "tpot_s": None} for s in ("baseline", "method")},
+            "quality": {},
+            "slo": slo,
+        }
+        return {"squad_mini": row}
+
+    summary = {
+        "1 req/s": level(1, (20, 20), (19, 20)),
+        "2 req/s": level(2, (19, 20), (15, 20)),
+        "4 req/s": level(4, (10, 20), (4, 20)),
+    }
+    assert summary["1 req/s"]["squad_mini"]["slo"]["method"]["n"] == 40  # two rounds pooled
+    kept = highest_rate_kept(summary, 0.9)["squad_mini"]
+    assert kept["baseline"]["rate"] == 2 and kept["baseline"]["attainment"] == 0.95
+    assert kept["method"]["rate"] == 1 and kept["method"]["met"] == 38
+    low, high = kept["method"]["attainment_interval"]
+    assert low < 0.95 < high
+    text = markdown(summary, "mtad", 1, 0.9)
+    assert (
+        "- squad_mini, baseline: 2 req/s (95% of 20 [" in text and "- squad_mini, method: 1 req/s (95% of 40 [" in text
+    )
+    strict = highest_rate_kept(summary, 0.99)["squad_mini"]
+    assert strict["baseline"]["rate"] == 1 and "method" not in strict  # the method met 99% at no rate swept
+    assert "- squad_mini, method: none of the rates swept" in markdown(summary, "mtad", 1, 0.99)

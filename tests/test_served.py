@@ -222,23 +222,25 @@ def test_a_sweep_measures_method_and_baseline_at_each_load_and_the_report_draws_
             *(console_script("decodebench"), "sweep", "--model", "lz", "--model-args", "pretrained=embedded"),
             *("--base-url", server.base_url, "--concurrency", "1,4", "--tasks", "squad_mini", "--limit", "4"),
             *("--rounds", "1", "--gen-kwargs", "max_gen_toks=16", "--out", str(tmp_path / "sweep")),
+            *("--slo", "ttft:600000;tpot:600000"),  # ten minutes: every request meets it
         ],
         cwd=tmp_path,
     )
     assert proc.returncode == 0, explain(proc)
-    summary = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
-    assert set(summary) == {"1", "4"}
-    for level in ("1", "4"):
+    summary = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["levels"]
+    assert set(summary) == {"1 in flight", "4 in flight"}
+    for level in ("1 in flight", "4 in flight"):
         row = summary[level]["squad_mini"]
         assert row["rounds"] == 1 and row["n"] == 4 and row["throughput_ratio"] > 0
         assert row["throughput_ratio_interval"] is None  # one round: no interval over rounds
         assert all(v > 0 for v in row["throughput"].values())
         assert row["latency"]["method"]["ttft_s"]["p50"] > 0
+        assert all(row["slo"][side]["met"] == row["slo"][side]["n"] == 4 for side in ("baseline", "method"))
     for number in (1,):
         for level in (1, 4):
             for side in ("baseline", "method"):
                 assert results_files(tmp_path / "sweep" / f"round-{number}" / f"concurrency-{level}" / side)
-    assert "| 4 | squad_mini |" in (tmp_path / "sweep" / "sweep.md").read_text()
+    assert "| 4 in flight | squad_mini |" in (tmp_path / "sweep" / "sweep.md").read_text()
     # every prompt went through the server once before the timed runs, and that pass left no results behind
     assert "warm-up: every prompt once, untimed" in proc.stdout
     assert len(list((tmp_path / "sweep").glob("**/results_*.json"))) == 4

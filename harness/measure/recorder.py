@@ -13,9 +13,15 @@ Definitions (the README's "Measurements" section shows them to users):
 - ``latency_s``: wall time of the window the request ran in (requests of one batch share it), or the
   request's own where the backend sees it (a served request: sent to its last streamed chunk);
   ``ttft_s``: time to the first new token; ``tpot_s``: time per output token after the first,
-  ``(latency - ttft) / (new_tokens - 1)``; ``inter_token_s`` (served requests): the gap between
-  streamed chunks divided by the tokens each carries. A task reports their p50, p90 and p99 over
-  requests (ITL over every interval).
+  ``(latency - ttft) / (new_tokens - 1)``, the first token excluded; served requests also have
+  ``chunk_gaps_s``, the raw gaps between the streamed chunks that carry text (ITL as vLLM defines
+  it: ``itl_chunk_s``), and ``inter_token_s``, each gap divided by the tokens its chunk carries
+  (per-token ITL: ``itl_s``; only where the server counts tokens on every chunk). A task reports
+  their p50, p90 and p99 over requests (ITL over every interval).
+- ``slo`` (served runs given objectives): the share of requests that met every objective (TTFT,
+  TPOT, E2E latency), with its Wilson interval and n, and goodput: such requests per second of
+  the task's wall time. ``load``: how the server was loaded (closed or open loop; the arrival
+  schedule of an open one).
 - ``engine`` (vLLM, in process or served): what the engine's own counters did over the task
   (speculative decoding's drafts and accepted tokens, prefix cache, the peak of running and waiting
   requests); methods read their statistics from it where the engine keeps them (MTAD on vLLM).
@@ -48,7 +54,7 @@ from typing import Any
 from decodebench.measure.energy import EnergyMeter
 from decodebench.measure.memory import MemoryMeter, NoMemory
 from decodebench.metrics.repetition import find_degenerate_repetition
-from decodebench.stats import percentiles, ratio_interval
+from decodebench.stats import percentiles, ratio_interval, wilson_interval
 
 FINISH_REASONS = ("eos", "stop", "length")
 ATTRIBUTION = "a request's joules are its window's energy split by new tokens (an attribution, not a measurement)"
@@ -71,6 +77,8 @@ class RequestRecord:
     decoding: dict[str, Any] | None = None  # decodebench.models.decoding.decoding_record
     inter_token_s: list[float] | None = None  # per generated token after the first (served requests)
     retries: int = 0  # attempts after the first (served requests: a transient failure retried)
+    chunk_gaps_s: list[float] | None = None  # raw gaps between streamed chunks with text (served requests)
+    sent_s: float | None = None  # when it was sent, in seconds from its window's start (served requests)
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -103,6 +111,7 @@ class Window:
     ttft_s: float | None = None
     decoding: dict[str, Any] | None = None  # how it decoded (decodebench.models.decoding.decoding_record)
     engine: dict[str, Any] | None = None  # the inference engine's own counters over the window (vLLM's)
+    load: dict[str, Any] | None = None  # how the server was loaded (served runs: models/served_load.py)
     records: list[RequestRecord] = field(default_factory=list)
 
     def record(
@@ -120,6 +129,8 @@ class Window:
         latency_s: float | None = None,
         inter_token_s: list[float] | None = None,
         retries: int = 0,
+        chunk_gaps_s: list[float] | None = None,
+        sent_s: float | None = None,
     ) -> RequestRecord:
         if finish_reason not in FINISH_REASONS:
             raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {finish_reason!r}")
@@ -138,6 +149,8 @@ class Window:
             decoding=decoding if decoding is not None else self.decoding,
             inter_token_s=inter_token_s,
             retries=int(retries),
+            chunk_gaps_s=chunk_gaps_s,
+            sent_s=sent_s,
         )
         self.records.append(rec)
         self._attribute_energy()
@@ -176,6 +189,7 @@ class Recorder:
         self._summary_columns = summary_columns or (lambda stats: {})
         self.windows: list[Window] = []
         self.cached_requests: dict[str, int] = {}  # set after lm-eval's evaluate (--use_cache)
+        self.slo: dict[str, float] | None = None  # {"ttft_s": limit, ...}: goodput is counted against it
 
     # -- measurement --------------------------------------------------------------------
     def open(self, task: str, decoding: dict[str, Any] | None = None) -> _OpenWindow:
@@ -235,6 +249,7 @@ class Recorder:
             "ttft_s": percentiles([r.ttft_s for r in records if r.ttft_s is not None]),
             "tpot_s": percentiles([r.tpot_s for r in records if r.tpot_s is not None]),
             "itl_s": percentiles([gap for r in records for gap in (r.inter_token_s or [])]),
+            "itl_chunk_s": percentiles([gap for r in records for gap in (r.chunk_gaps_s or [])]),
             "mean_latency_s": _mean(r.latency_s for r in records),
             "mean_ttft_s": _mean(r.ttft_s for r in records if r.ttft_s is not None),
             "finish_reasons": finish,
@@ -248,11 +263,30 @@ class Recorder:
             "memory_source": self.memory.source,
             **self._energy(windows),
             "engine": engine,
+            "load": next((w.load for w in windows if w.load is not None), None),
+            "slo": self._goodput(records, wall) if self.slo else None,
             "method": method_stats,
             # what a leaderboard shows of the method's statistics, chosen by the method itself
             "method_columns": self._summary_columns(method_stats),
         }
         return summary
+
+    def _goodput(self, records: list[RequestRecord], wall_s: float) -> dict[str, Any]:
+        """The requests that met every objective: their share (Wilson interval, n) and their rate (DistServe's
+        goodput, as vllm bench serve counts it). A request without the measure (TPOT of a one-token answer) is
+        judged on the others."""
+        met = sum(
+            all(getattr(r, measure) is None or getattr(r, measure) <= limit for measure, limit in self.slo.items())
+            for r in records
+        )
+        return {
+            "objectives_s": dict(self.slo),
+            "met": met,
+            "n": len(records),
+            "attainment": met / len(records) if records else None,
+            "attainment_interval": wilson_interval(met, len(records)).as_list() if records else None,
+            "goodput_rps": met / wall_s if wall_s > 0 else None,
+        }
 
     def _energy(self, windows: list[Window]) -> dict[str, Any]:
         metered = [w for w in windows if w.joules is not None]
