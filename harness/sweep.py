@@ -49,6 +49,19 @@ class Level:
         return {key: f"{self.value:g}", **dict(self.load_args)}
 
 
+def read_levels(folder: Path) -> dict[Level, list[dict[str, Path]]]:
+    """A sweep's runs as ``summarize`` takes them, from its output folder (round-N/<level>/<side>/), the loads in
+    increasing order."""
+    produced: dict[Level, list[dict[str, Path]]] = {}
+    for round_folder in sorted(folder.glob("round-*"), key=lambda p: int(p.name.split("-")[1])):
+        for level_folder in round_folder.iterdir():
+            kind, _, value = level_folder.name.partition("-")
+            level = Level(kind, float(value) if kind == "rate" else int(value))
+            files = {side.name: next(side.glob("**/results_*.json")) for side in level_folder.iterdir()}
+            produced.setdefault(level, []).append(files)
+    return dict(sorted(produced.items(), key=lambda item: item[0].value))
+
+
 def level_args(args: dict[str, str], base_url: str, level: Level) -> dict[str, str]:
     return {**args, "backend": "served", "base_url": base_url, **level.args()}
 

@@ -40,6 +40,7 @@ PAGES = {
     "docs/benchmarks/mtad-vllm.md": "mtad_vllm_bench",
     "docs/benchmarks/overhead.md": "overhead_bench",
     "docs/benchmarks/served.md": "served_bench",
+    "docs/benchmarks/served-rates.md": "served_rate_bench",
     "docs/nugget-study.md": "nugget_study",
     "docs/nugget-kept.md": "nugget_kept",
 }

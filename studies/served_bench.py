@@ -47,28 +47,15 @@ def collect(folder: Path, argv: list[str], limit: int, rounds: int, max_gen_toks
     )
 
 
-def kept(folder: Path) -> dict:
-    """The sweep's runs as decodebench.sweep.summarize takes them, from the data folder."""
-    from decodebench.sweep import Level
-
-    produced: dict = {}
-    for round_folder in sorted(folder.glob("round-*"), key=lambda p: int(p.name.split("-")[1])):
-        for level_folder in round_folder.glob("concurrency-*"):
-            level = Level("concurrency", int(level_folder.name.split("-")[1]))
-            files = {side.name: next(side.glob("results_*.json")) for side in level_folder.iterdir()}
-            produced.setdefault(level, []).append(files)
-    return dict(sorted(produced.items(), key=lambda item: item[0].value))
-
-
 LZ_BUFFER = 32  # the LZ penalty's default look-ahead buffer (models/lz/config.py), the run's
 
 
 def render(folder: Path) -> str:
     from decodebench.reports.tables import bound_text, p_text
-    from decodebench.sweep import SIDES, summarize
+    from decodebench.sweep import SIDES, read_levels, summarize
 
     run = load_json(folder, "run.json")
-    summary = summarize(kept(folder))
+    summary = summarize(read_levels(folder))
 
     lines = [
         *run_header(folder, "Served decoding under load: the baseline and LZ through vllm serve", "served-bench"),

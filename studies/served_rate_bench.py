@@ -1,0 +1,99 @@
+"""MTAD and speculative sampling at request rates: goodput under a latency objective, through one vllm serve.
+
+``tox -e served-rate-bench`` (``python studies/served_rate_bench.py``) starts one ``decodebench serve`` server of the
+embedded model on vLLM's CPU build drafting with vLLM's n-gram proposer (``draft=context``, gamma = 4, as ``--model
+mtad --model_args backend=vllm`` configures its engine), then runs ``decodebench sweep``'s open loop at several
+request rates (Poisson arrivals, vllm bench serve's process): ``--model baseline`` (vLLM's speculative sampling on
+those drafts) and ``--model mtad`` (MTAD's rule on the same drafts, per request), sampled as the paper's Appendix F,
+in rounds whose order alternates after one untimed pass of every prompt. Per rate it reports each side's
+throughput, their ratio paired per round with a 95% interval, TTFT and TPOT percentiles, quality with its paired
+test, and the share of requests within the objectives (pooled over rounds, Wilson interval, n) with goodput; then
+the highest rate at which each kept 90% of its requests within them. The page is rendered from the data it keeps.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from common import keep_lm_eval_run, load_json, load_study_main, record_run, run_header, serving
+
+DOC = "docs/benchmarks/served-rates.md"
+TITLE = "MTAD and speculative sampling at request rates: goodput under a latency objective"
+RATES = (0.5, 1.0, 2.0, 4.0)  # requests/s; on two cores the server carries about 1-2 of these 32-token answers
+SLO = "ttft:1000;tpot:100"  # ms
+ATTAINMENT = 0.9
+TASK = "cnndm_mini"
+SAMPLED = "do_sample=true,temperature=1.0,top_k=20,top_p=0.9"  # Appendix F
+
+
+def collect(folder: Path, argv: list[str], limit: int, rounds: int, max_gen_toks: int, out: str) -> None:
+    from mtad_vllm_bench import server_args
+
+    from decodebench.sweep import Level, run_levels
+
+    started = time.time()
+    levels = [Level("rate", rate, (("slo", SLO),)) for rate in RATES]
+    with serving(*server_args("context")) as base_url:
+        produced = run_levels(
+            "mtad",
+            {"pretrained": "embedded", "mode": "mtad"},
+            {"pretrained": "embedded"},
+            base_url,
+            levels,
+            [TASK],
+            Path(out).resolve(),
+            rounds,
+            limit,
+            f"max_gen_toks={max_gen_toks},{SAMPLED}",
+        )
+    for level, runs in produced.items():
+        for number, files in enumerate(runs, 1):
+            for side, results in files.items():
+                keep_lm_eval_run(results, folder / f"round-{number}" / level.folder / side)
+    record_run(
+        folder,
+        __file__,
+        argv,
+        started,
+        rates=list(RATES),
+        slo=SLO,
+        attainment=ATTAINMENT,
+        limit=limit,
+        rounds=rounds,
+        max_gen_toks=max_gen_toks,
+        warm_up=True,
+    )
+
+
+def render(folder: Path) -> str:
+    from decodebench.sweep import markdown, read_levels, summarize
+
+    run = load_json(folder, "run.json")
+    summary = summarize(read_levels(folder))
+    table = markdown(summary, "mtad", run["rounds"], run["attainment"])
+    table = table.split("\n", 2)[2]  # the sweep's own title line left out: the page has its own
+    lines = [
+        *run_header(folder, TITLE, "served-rate-bench"),
+        "One `decodebench serve` of the embedded model (vLLM's CPU build, bfloat16) drafting with vLLM's n-gram "
+        "proposer (gamma = 4); `decodebench sweep` in open loop at "
+        f"{', '.join(f'{r:g}' for r in run['rates'])} requests/s (Poisson arrivals, seeded), {TASK} (n = "
+        f"{run['limit']} real CNN/DailyMail articles, sampled as Appendix F: temperature 1, top-k 20, top-p 0.9, up "
+        f"to {run['max_gen_toks']} new tokens, chat template); the baseline is vLLM's speculative sampling on the "
+        "same drafts, the method MTAD's rule (tau 0.1). Objectives: "
+        f"`{run['slo']}` (ms); attainment pooled over rounds with its Wilson interval, goodput in requests/s.",
+        "",
+        table.rstrip("\n"),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return load_study_main(
+        argv, __doc__, DOC, collect, render, limit=16, rounds=2, max_gen_toks=32, out="results/served-rate-bench"
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
