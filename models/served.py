@@ -101,6 +101,7 @@ class Streamed:
     chunk_gaps_s: list[float] = field(default_factory=list)
     retries: int = 0
     sent_s: float | None = None
+    spec_decode: dict[str, float] | None = None
 
 
 class StreamCheck:
@@ -115,6 +116,7 @@ class StreamCheck:
         self.done = False
         self.text_chars = 0
         self.chunk_had_usage = False
+        self.spec_decode: dict[str, float] | None = None  # vLLM's per-request acceptance, where the server sends it
 
     def chunk(self, data: str) -> tuple[list[dict], int]:
         """The chunk's choices and how many tokens it adds; a ``ServedError`` saying what is wrong with it."""
@@ -140,6 +142,8 @@ class StreamCheck:
                 self.finish_reason = _finish_reason(choice)
         if self.text_chars > MAX_CHARS_PER_TOKEN * self.max_tokens:
             raise ServedError(f"the server sent more text than {self.max_tokens} tokens (max_tokens) can decode to")
+        if isinstance(chunk.get("metrics"), dict) and chunk["metrics"].get("speculative_decoding") is not None:
+            self.spec_decode = _spec_decode(chunk["metrics"]["speculative_decoding"], data)
         return choices, self._usage(chunk.get("usage"), data)
 
     def _usage(self, usage, data: str) -> int:
@@ -324,6 +328,7 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
                     inter_token_s=out.inter_token_s,
                     chunk_gaps_s=out.chunk_gaps_s,
                     sent_s=out.sent_s,
+                    spec_decode=out.spec_decode,
                     retries=out.retries,
                     text=out.text,
                     decoding=decoding,
@@ -478,6 +483,7 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
         out.latency_s = time.perf_counter() - started
         out.text, out.new_tokens = "".join(text_parts), check.completion_tokens
         out.prompt_tokens, out.finish_reason = check.prompt_tokens, check.finish_reason
+        out.spec_decode = check.spec_decode
         return out
 
     # -- the server's own counters ------------------------------------------------------------
@@ -527,6 +533,21 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
 
     def get_model_info(self) -> dict:
         return {"decodebench": self.decodebench_info(self.pretrained_name, self.uses_embedded_model, self.server)}
+
+
+def _spec_decode(metrics, data: str) -> dict[str, float]:
+    """vLLM 0.32's per-request speculative-decoding metrics (``vllm serve --per-request-spec-decode-metrics
+    summary``, on the last usage chunk), checked: the mean acceptance length (the bonus token included, >= 1) and the
+    draft acceptance rate (in [0, 1])."""
+    if not isinstance(metrics, dict):
+        raise ServedError(f"metrics.speculative_decoding is not an object: {data[:200]!r}")
+    found = {}
+    for key, low, high in (("mean_acceptance_length", 1.0, math.inf), ("draft_acceptance_rate", 0.0, 1.0)):
+        value = metrics.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            raise ServedError(f"metrics.speculative_decoding.{key}={value!r}: expected a number in [{low}, {high}]")
+        found[key] = float(value)
+    return found
 
 
 def _close_http(loop: asyncio.Runner, http: dict) -> None:

@@ -156,6 +156,10 @@ class FakeOpenAI:
         if mode == "usage at end":
             usage = {"prompt_tokens": 10, "completion_tokens": tokens, "total_tokens": 10 + tokens}
             chunks.append(json.dumps({"choices": [], "usage": usage}))
+        elif mode == "spec metrics":  # vllm serve --per-request-spec-decode-metrics summary: on the usage chunk
+            metrics = {"speculative_decoding": {"mean_acceptance_length": 2.5, "draft_acceptance_rate": 0.375}}
+            usage = json.loads(chunks[-1])["usage"]
+            chunks.append(json.dumps({"choices": [], "usage": usage, "metrics": metrics}))
         elif mode != "no usage":
             chunks.append(json.dumps({"choices": [], "usage": json.loads(chunks[-1])["usage"]}))
         return [*chunks, "[DONE]"]

@@ -338,6 +338,7 @@ def speculative_server(embedded_checkpoint, tmp_path_factory):
 
     config = speculative_config(MTADConfig(draft="self:10"), str(embedded_checkpoint))
     args = ("--speculative-config", json.dumps(config), "--dtype", "bfloat16")
+    args += ("--per-request-spec-decode-metrics", "summary")  # each request's acceptance on its last chunk
     running = Server(tmp_path_factory.mktemp("speculative"), *args)
     yield running
     running.stop()
@@ -369,6 +370,11 @@ def test_with_speculation_chunks_carry_several_tokens_and_the_counters_show_it(s
     assert len(gaps) == sum(record["new_tokens"] - 1 for record in records)
     # a chunk of k tokens gives k equal intervals: the draft (the target's own first layers) lands some
     assert any(gaps[i] == gaps[i + 1] for i in range(len(gaps) - 1)), "no chunk carried more than one token"
+    # vLLM's raw chunk gaps: fewer than the tokens where chunks carried several
+    assert sum(len(record["chunk_gaps_s"]) for record in records) < len(gaps)
+    # each request's own acceptance, as the server reported it, and their distribution in the results
+    assert all(record["spec_decode"]["mean_acceptance_length"] >= 1 for record in records)
+    assert stats["spec_decode_per_request"]["requests"] == len(records)
 
 
 def test_mtad_through_the_server_verifies_by_its_rule_and_vllms_rule_stays_for_the_rest(speculative_server, tmp_path):

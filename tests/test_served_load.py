@@ -101,3 +101,12 @@ def test_more_than_a_hundred_requests_are_in_flight_when_asked(tiny_checkpoint):
         lm = served_lm(server, tiny_checkpoint, num_concurrent=150)
         lm.generate_until(fake_requests([f"Question {i}:" for i in range(150)], max_gen_toks=4))
         assert server.peak_in_flight == 150
+
+
+def test_per_request_acceptance_a_server_reports_lands_in_samples_and_results(tiny_checkpoint):
+    with FakeOpenAI(mode="spec metrics") as server:
+        lm = served_lm(server, tiny_checkpoint, num_concurrent=2)
+        lm.generate_until(fake_requests([f"Question {i}:" for i in range(3)], max_gen_toks=8))
+    assert {r.spec_decode["mean_acceptance_length"] for r in lm.decodebench_recorder.records} == {2.5}
+    per_request = lm.decodebench_recorder.task_summaries()["t"]["spec_decode_per_request"]
+    assert per_request["requests"] == 3 and per_request["draft_acceptance_rate"]["p50"] == 0.375

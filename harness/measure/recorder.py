@@ -21,7 +21,8 @@ Definitions (the README's "Measurements" section shows them to users):
 - ``slo`` (served runs given objectives): the share of requests that met every objective (TTFT,
   TPOT, E2E latency), with its Wilson interval and n, and goodput: such requests per second of
   the task's wall time. ``load``: how the server was loaded (closed or open loop; the arrival
-  schedule of an open one).
+  schedule of an open one). ``spec_decode_per_request``: percentiles over requests of the acceptance
+  length and rate a server reports per request (vLLM's ``--per-request-spec-decode-metrics``).
 - ``engine`` (vLLM, in process or served): what the engine's own counters did over the task
   (speculative decoding's drafts and accepted tokens, prefix cache, the peak of running and waiting
   requests); methods read their statistics from it where the engine keeps them (MTAD on vLLM).
@@ -79,6 +80,7 @@ class RequestRecord:
     retries: int = 0  # attempts after the first (served requests: a transient failure retried)
     chunk_gaps_s: list[float] | None = None  # raw gaps between streamed chunks with text (served requests)
     sent_s: float | None = None  # when it was sent, in seconds from its window's start (served requests)
+    spec_decode: dict[str, float] | None = None  # the server's own per-request acceptance (vLLM: served requests)
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -131,6 +133,7 @@ class Window:
         retries: int = 0,
         chunk_gaps_s: list[float] | None = None,
         sent_s: float | None = None,
+        spec_decode: dict[str, float] | None = None,
     ) -> RequestRecord:
         if finish_reason not in FINISH_REASONS:
             raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {finish_reason!r}")
@@ -151,6 +154,7 @@ class Window:
             retries=int(retries),
             chunk_gaps_s=chunk_gaps_s,
             sent_s=sent_s,
+            spec_decode=spec_decode,
         )
         self.records.append(rec)
         self._attribute_energy()
@@ -264,6 +268,7 @@ class Recorder:
             **self._energy(windows),
             "engine": engine,
             "load": next((w.load for w in windows if w.load is not None), None),
+            "spec_decode_per_request": _spec_decode_distribution(records),
             "slo": self._goodput(records, wall) if self.slo else None,
             "method": method_stats,
             # what a leaderboard shows of the method's statistics, chosen by the method itself
@@ -359,6 +364,18 @@ class _OpenWindow:
                 window.joules = joules
         if exc_type is None:
             recorder._finish(window)
+
+
+def _spec_decode_distribution(records: list[RequestRecord]) -> dict[str, Any] | None:
+    """Percentiles over requests of the server's per-request acceptance length and rate (None where it sent none)."""
+    reported = [r.spec_decode for r in records if r.spec_decode]
+    if not reported:
+        return None
+    return {
+        "requests": len(reported),
+        "mean_acceptance_length": percentiles([m["mean_acceptance_length"] for m in reported]),
+        "draft_acceptance_rate": percentiles([m["draft_acceptance_rate"] for m in reported]),
+    }
 
 
 def sum_numeric_stats(records: list[RequestRecord], engine: dict | None = None) -> dict[str, Any]:
