@@ -41,6 +41,7 @@ PAGES = {
     "docs/benchmarks/overhead.md": "overhead_bench",
     "docs/benchmarks/served.md": "served_bench",
     "docs/benchmarks/served-rates.md": "served_rate_bench",
+    "docs/benchmarks/served-client.md": "served_client_bench",
     "docs/nugget-study.md": "nugget_study",
     "docs/nugget-kept.md": "nugget_kept",
 }

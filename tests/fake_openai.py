@@ -19,9 +19,20 @@ GOOD_TOKENS = 5
 
 
 class FakeOpenAI:
-    def __init__(self, mode: str = "good", metrics: str = "good", api_key: str | None = None, gap_s: float = 0.0):
+    def __init__(
+        self,
+        mode: str = "good",
+        metrics: str = "good",
+        api_key: str | None = None,
+        gap_s: float = 0.0,
+        first_s: float = 0.0,
+        tokens: int | None = GOOD_TOKENS,
+    ):
         self.mode, self.metrics, self.api_key = mode, metrics, api_key
-        self.gap_s = gap_s  # between streamed chunks
+        # exactly known timing: first_s before the first chunk of text (TTFT), gap_s between chunks of text (ITL);
+        # the usage chunk and [DONE] follow the last text at once
+        self.first_s, self.gap_s = first_s, gap_s
+        self.tokens = tokens  # tokens per answer (one per chunk); None: as many as max_tokens asks
         self.hold_until = 0  # "hold": answer once this many requests are in flight at once (or after 30 s)
         self.in_flight = self.peak_in_flight = 0
         self.requests = 0
@@ -123,20 +134,22 @@ class FakeOpenAI:
                 mode = "good"
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
-            for line in self._stream(mode, int(payload["max_tokens"])):
+            max_tokens = int(payload["max_tokens"])
+            tokens = max_tokens if self.tokens is None else min(self.tokens, max_tokens)
+            for number, line in enumerate(self._stream(mode, tokens)):
+                delay = self.first_s if number == 0 else self.gap_s if '"text"' in line else 0
+                if delay:
+                    await asyncio.sleep(delay)
                 await response.write(f"data: {line}\n\n".encode())
-                if self.gap_s:
-                    await asyncio.sleep(self.gap_s)
             await response.write_eof()
             return response
         finally:
             self.in_flight -= 1
 
     @staticmethod
-    def _stream(mode: str, max_tokens: int) -> list[str]:
+    def _stream(mode: str, tokens: int) -> list[str]:
         if mode == "not json":
             return ["hello, this is not JSON"]
-        tokens = min(GOOD_TOKENS, max_tokens)
         counts = list(range(1, tokens + 1))
         if mode == "negative usage":
             counts = [-3] * tokens
