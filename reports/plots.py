@@ -115,9 +115,52 @@ def concurrency_plot(rows: list[Row]) -> str | None:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
+def load_plot(rows: list[Row]) -> str | None:
+    """For open-loop served runs: goodput (requests/s within the SLO; where runs had one) and quality against the
+    offered request rate, one line per method, quality with its 95% interval (a PNG, base64)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines: dict[str, list[Row]] = {}
+    for row in rows:
+        if row.run.request_rate is not None:
+            lines.setdefault(row.run.label, []).append(row)
+    if not any(len(points) > 1 for points in lines.values()):
+        return None
+    fig, (goodput_ax, quality_ax) = plt.subplots(1, 2, figsize=(10, 4.2), dpi=110, sharex=True)
+    for label, points in lines.items():
+        points = sorted(points, key=lambda r: r.run.request_rate)
+        rates = [r.run.request_rate for r in points]
+        goodput = [((r.measurement.get("slo") or {}).get("goodput_rps") or float("nan")) for r in points]
+        (line,) = goodput_ax.plot(rates, goodput, marker="o", label=plain(label[:40]))
+        quality = [r.quality if r.quality is not None else float("nan") for r in points]
+        spans = [_span(r.metrics[r.task.primary_metric].interval, r.quality) if r.quality is not None else (0, 0)
+                 for r in points]  # fmt: skip
+        quality_ax.errorbar(
+            rates, quality, yerr=list(zip(*spans, strict=True)), marker="o", capsize=3, color=line.get_color()
+        )
+    offered = [r.run.request_rate for points in lines.values() for r in points]
+    low, high = min(offered), max(offered)  # every request within the SLO: goodput equals the offered rate
+    goodput_ax.plot([low, high], [low, high], color="#9aa5b1", linestyle="--", label="offered rate")
+    goodput_ax.set_ylabel("goodput: requests/s within the SLO")
+    quality_ax.set_ylabel(plain(points[0].task.primary_metric or "quality"))
+    for ax in (goodput_ax, quality_ax):
+        ax.set_xlabel("offered load (requests/s)")
+        ax.grid(alpha=0.3)
+    goodput_ax.legend(loc="best", fontsize=7)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
 def task_plots(rows: list[Row]) -> dict[str, str | None]:
     return {
         "speed": _scatter(rows, "speed"),
         "energy": _scatter(rows, "energy"),
         "concurrency": concurrency_plot(rows),
+        "load": load_plot(rows),
     }

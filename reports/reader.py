@@ -121,13 +121,25 @@ class Run:
 
     @property
     def concurrency(self) -> int | None:
-        """Requests in flight for a served run (its ``num_concurrent``), None for in-process runs."""
-        if self.backend != "served":
+        """Requests in flight for a closed-loop served run (its ``num_concurrent``), None for in-process runs and
+        open-loop ones."""
+        if self.backend != "served" or self.request_rate is not None:
             return None
         try:
             return int(float(self.model_args.get("num_concurrent", 1)))
         except (TypeError, ValueError):
             return None
+
+    @property
+    def request_rate(self) -> float | None:
+        """Requests per second offered to the server by an open-loop served run (its ``request_rate``), else None."""
+        if self.backend != "served" or self.model_args.get("request_rate") is None:
+            return None
+        try:
+            rate = float(self.model_args["request_rate"])
+        except (TypeError, ValueError):
+            return None
+        return rate if math.isfinite(rate) and rate > 0 else None
 
 
 def printable(value: Any) -> str:

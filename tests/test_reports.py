@@ -190,6 +190,23 @@ def test_a_label_that_is_bad_tex_and_a_number_beyond_floats_are_drawn_and_noted_
     assert "squad_mini: non-finite measurement(s) joules_per_token, shown as missing" in markdown
 
 
+def test_open_loop_runs_are_drawn_as_goodput_and_quality_against_offered_load(tmp_path):
+    for method in ("baseline", "mtad"):
+        for rate in (0.5, 1, 2):
+            folder = tmp_path / f"{method}-{rate}"
+            args = {"backend": "served", "request_rate": rate, "slo": "ttft:500"}
+            path = results_file(
+                folder, method, {"squad_mini": ([1, 0] * 5, 50, 5.0)}, backend="served", model_args=args
+            )
+            data = json.loads(path.read_text())
+            data["config"]["decodebench"]["tasks"]["squad_mini"]["slo"] = {"goodput_rps": rate * 0.9, "met": 9, "n": 10}
+            path.write_text(json.dumps(data))
+    write_report([tmp_path], tmp_path / "board")
+    html = (tmp_path / "board" / "leaderboard.html").read_text()
+    assert "goodput and quality against offered load" in html
+    assert "throughput against latency across concurrency" not in html  # an open loop has no concurrency level
+
+
 def test_a_fifo_named_like_results_is_left_out_not_waited_on(tmp_path):
     import os
 
