@@ -135,8 +135,8 @@ def run_serve(model: str | None, host: str, port: int, vllm_args: list[str], mod
     runner = {"0": "V1", "1": "V2"}.get(environment.get(RUNNER_ENV, ""), "vLLM's choice")
     print(f"starting ({RUNNER_ENV}: {runner} model runner): " + " ".join(command), flush=True)
     signal.signal(signal.SIGTERM, _stop_on_term)
-    # its own process group: vLLM's engine processes are stopped with it on every way out, startup included
-    server = subprocess.Popen(command, env=environment, start_new_session=True)
+    # in decodebench serve's own process group: a terminal's Ctrl-C, or a kill of the group, reaches vLLM too
+    server = subprocess.Popen(command, env=environment)
     shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     base = f"http://{shown_host}:{port}"
     try:
@@ -155,21 +155,30 @@ def run_serve(model: str | None, host: str, port: int, vllm_args: list[str], mod
     except KeyboardInterrupt:
         return 0
     finally:
-        stop_group(server)
+        stop_server(server)
 
 
-def stop_group(server: subprocess.Popen, grace_s: float = 60) -> None:
+def stop_server(server: subprocess.Popen, grace_s: float = 60) -> None:
     """vLLM's server and every process it started: SIGINT first (vLLM shuts its engine down cleanly on it), then
-    SIGKILL to the whole group after ``grace_s``, so no engine process outlives decodebench serve."""
-    import os
+    SIGKILL after ``grace_s`` to the server and each process found under it (before the SIGINT, and again before the
+    SIGKILL while the server still lives), so no engine process outlives decodebench serve."""
+    import psutil
 
-    def signal_group(signum) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signum)
+    def family() -> list:
+        try:
+            return psutil.Process(server.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
 
+    found = family()
     if server.poll() is None:
-        signal_group(signal.SIGINT)
+        server.send_signal(signal.SIGINT)
         with contextlib.suppress(subprocess.TimeoutExpired):
             server.wait(timeout=grace_s)
-    signal_group(signal.SIGKILL)  # children the server left (an engine stuck starting) go with the group
+    found += family()  # an engine started while it stopped (empty once the server has exited)
+    for process in found:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    if server.poll() is None:
+        server.kill()
     server.wait()

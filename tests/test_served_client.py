@@ -161,14 +161,12 @@ def test_a_server_deaf_to_sigint_is_stopped_with_every_process_it_started():
     import subprocess
     import sys
 
-    from decodebench.serve import stop_group
+    from decodebench.serve import stop_server
 
-    server = subprocess.Popen(
-        [sys.executable, "-c", STUCK_SERVER, "parent", STUCK_SERVER], stdout=subprocess.PIPE, start_new_session=True
-    )
+    server = subprocess.Popen([sys.executable, "-c", STUCK_SERVER, "parent", STUCK_SERVER], stdout=subprocess.PIPE)
     engine = int(server.stdout.readline())
     started = time.monotonic()
-    stop_group(server, grace_s=1)
+    stop_server(server, grace_s=1)
     assert server.returncode is not None and time.monotonic() - started < 30
     assert not running(engine)  # killing only the server left this one running
 
