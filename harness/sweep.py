@@ -89,16 +89,15 @@ def parse_levels(
         values = [float(value) for value in text.split(",")]
     except ValueError:
         values = []
-    whole = kind == "rate" or all(v == int(v) for v in values)
-    if (
-        not values
-        or not whole
-        or not all(math.isfinite(v) and v > 0 for v in values)
-        or min(values) < (1 if kind == "concurrency" else 0)
-    ):
+
+    def allowed(value: float) -> bool:  # a rate is any finite number > 0, a concurrency a whole one >= 1
+        return math.isfinite(value) and value > 0 and (kind == "rate" or (value == int(value) and value >= 1))
+
+    if not values or not all(allowed(value) for value in values):
         if kind == "rate":
             raise UsageError(f"--request-rates {text!r}: comma-separated numbers > 0 (requests/s), e.g. 0.5,1,2")
         raise UsageError(f"--concurrency {text!r}: comma-separated whole numbers >= 1, e.g. 1,4,16")
+    values = [value if kind == "rate" else int(value) for value in values]
     return [Level(kind, value, extra) for value in values]
 
 

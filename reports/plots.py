@@ -65,6 +65,13 @@ def _scatter(rows: list[Row], axis: str) -> str | None:
     ax.set_ylabel(plain(usable[0].task.primary_metric or "quality"))
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
+    return _png(fig)
+
+
+def _png(fig) -> str:
+    """A finished figure as a base64 PNG, the figure closed."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
@@ -108,11 +115,7 @@ def concurrency_plot(rows: list[Row]) -> str | None:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("tokens/s (higher is better)")
     axes[0].legend(loc="best", fontsize=7)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    plt.close(fig)
-    return base64.b64encode(buffer.getvalue()).decode()
+    return _png(fig)
 
 
 def load_plot(rows: list[Row]) -> str | None:
@@ -150,11 +153,7 @@ def load_plot(rows: list[Row]) -> str | None:
         ax.set_xlabel("offered load (requests/s)")
         ax.grid(alpha=0.3)
     goodput_ax.legend(loc="best", fontsize=7)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    plt.close(fig)
-    return base64.b64encode(buffer.getvalue()).decode()
+    return _png(fig)
 
 
 def task_plots(rows: list[Row]) -> dict[str, str | None]:

@@ -117,6 +117,15 @@ def kept_results(folder: Path) -> Path:
     return found[0]
 
 
+def keep_sweep_runs(produced: dict, folder: Path) -> None:
+    """A sweep's lm_eval runs ({Level: [{side: results} per round]}) kept as round-N/<level>/<side>/, the layout
+    decodebench.sweep.read_levels reads back."""
+    for level, runs in produced.items():
+        for number, files in enumerate(runs, 1):
+            for side, results in files.items():
+                keep_lm_eval_run(results, folder / f"round-{number}" / level.folder / side)
+
+
 def record_run(folder: Path, script: str, argv: list[str] | None, started: float, device: str = "cpu", **facts) -> None:
     """What the page's header says of its run: the command (``script`` is the study's ``__file__``), the date,
     how long it took, the machine."""

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import common
-from common import keep_lm_eval_run, load_json, load_study_main, record_run, run_header, serving
+from common import keep_sweep_runs, load_json, load_study_main, record_run, run_header, serving
 
 DOC = "docs/benchmarks/served.md"
 LEVELS = (1, 4, 16)
@@ -38,10 +38,7 @@ def collect(folder: Path, argv: list[str], limit: int, rounds: int, max_gen_toks
             limit,
             f"max_gen_toks={max_gen_toks}",
         )
-    for level, runs in produced.items():
-        for number, files in enumerate(runs, 1):
-            for side, results in files.items():
-                keep_lm_eval_run(results, folder / f"round-{number}" / level.folder / side)
+    keep_sweep_runs(produced, folder)
     record_run(
         folder, __file__, argv, started, levels=list(LEVELS), limit=limit, max_gen_toks=max_gen_toks, warm_up=True
     )

@@ -34,7 +34,8 @@ CLIENTS = ("decodebench", "vllm")
 
 
 def fake_server(**timing):
-    sys.path.insert(0, str(REPO / "tests"))
+    if str(REPO / "tests") not in sys.path:
+        sys.path.insert(0, str(REPO / "tests"))
     from fake_openai import FakeOpenAI
 
     return FakeOpenAI(tokens=None, **timing)

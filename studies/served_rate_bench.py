@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from common import keep_lm_eval_run, load_json, load_study_main, record_run, run_header, serving
+from common import keep_sweep_runs, load_json, load_study_main, record_run, run_header, serving
 
 DOC = "docs/benchmarks/served-rates.md"
 TITLE = "MTAD and speculative sampling at request rates: goodput under a latency objective"
@@ -47,10 +47,7 @@ def collect(folder: Path, argv: list[str], limit: int, rounds: int, max_gen_toks
             limit,
             f"max_gen_toks={max_gen_toks},{SAMPLED}",
         )
-    for level, runs in produced.items():
-        for number, files in enumerate(runs, 1):
-            for side, results in files.items():
-                keep_lm_eval_run(results, folder / f"round-{number}" / level.folder / side)
+    keep_sweep_runs(produced, folder)
     record_run(
         folder,
         __file__,

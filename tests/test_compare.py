@@ -90,6 +90,7 @@ def test_compare_runs_baseline_and_method_interleaved_through_lm_eval(tiny_check
     [
         (["--concurrency", "0,4"], "comma-separated whole numbers >= 1"),
         (["--concurrency", "1,four"], "comma-separated whole numbers >= 1"),
+        (["--concurrency", "4,inf"], "comma-separated whole numbers >= 1"),  # int(inf) raised OverflowError
         (["--rounds", "0"], "--rounds must be at least 1"),
         (["--request-rates", "0,1"], "--request-rates '0,1': comma-separated numbers > 0 (requests/s)"),
         (["--request-rates", "1", "--concurrency", "4"], "give --concurrency (closed loop) or --request-rates"),
