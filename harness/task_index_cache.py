@@ -6,6 +6,8 @@ those files, so ``cached_index_build`` (installed on ``TaskIndex.build`` by the 
 keeps it in ``$DECODEBENCH_HOME/lm-eval-task-index/``, keyed by lm-eval's version and every
 YAML file's path, size and modification time: any change to lm-eval's task folder makes a new
 key, and other folders (decodebench's tasks, a user's ``--include_path``) are always parsed.
+Each lm-eval installation (each virtual environment) has its own file, named after its folder,
+so environments sharing one ``DECODEBENCH_HOME`` (tox's do) never evict each other's.
 The index lm-eval builds is the same with or without it (tests/test_startup.py); a cache that
 cannot be read or written is ignored, and one that does not parse as this module's JSON is rebuilt.
 
@@ -90,10 +92,15 @@ def _fingerprint(root: Path) -> str:
     return digest.hexdigest()[:24]
 
 
+def _installation(root: Path) -> str:
+    """The name that tells one lm-eval installation's cache files from another's."""
+    return hashlib.sha256(str(Path(root).resolve()).encode()).hexdigest()[:12]
+
+
 def _cache_file(root: Path) -> Path:
     from decodebench.paths import home
 
-    return home() / "lm-eval-task-index" / f"{_fingerprint(root)}.json"
+    return home() / "lm-eval-task-index" / f"{_installation(root)}-{_fingerprint(root)}.json"
 
 
 class YamlCache:
@@ -108,8 +115,14 @@ class YamlCache:
             self.parsed = _decode(self.file.read_text(encoding="utf-8"))
             self.hit = True
 
+    def _inside(self, path) -> bool:
+        text = str(path)
+        if text.startswith(self.root) and ".." not in text:  # what lm-eval's walk gives: no resolve() needed
+            return True
+        return str(Path(path).expanduser().resolve()).startswith(self.root)
+
     def load_yaml(self, path, **kwargs):
-        if not str(Path(path).expanduser().resolve()).startswith(self.root):
+        if not self._inside(path):
             return self._load_yaml(path, **kwargs)
         key = (str(path), tuple(sorted(kwargs.items())))
         if key not in self.parsed:
@@ -132,9 +145,11 @@ class YamlCache:
             ) as handle:
                 handle.write(_encode(self.parsed))
             os.replace(handle.name, self.file)
-            # indexes of lm-eval task folders that changed, and the pickles of earlier versions (never read)
+            # this installation's indexes of task folders that changed (other installations keep theirs), files
+            # named as before installations had their own (unprefixed), and pickles of earlier versions (never read)
+            installation = self.file.name.split("-")[0]
             for old in [*self.file.parent.glob("*.json"), *self.file.parent.glob("*.pickle")]:
-                if old != self.file:
+                if old != self.file and (old.name.startswith(f"{installation}-") or "-" not in old.stem):
                     old.unlink(missing_ok=True)
         except OSError as exc:
             log.debug("lm-eval's task index was not cached: %s", exc)

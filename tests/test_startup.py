@@ -107,6 +107,28 @@ def test_lm_eval_task_index_cache_gives_the_same_index_and_follows_changes(tmp_p
     assert len(list((tmp_path / "home" / "lm-eval-task-index").glob("*.json"))) == 1
 
 
+def test_two_lm_eval_installations_sharing_a_home_keep_their_own_task_index_caches(tmp_path, monkeypatch):
+    """tox's environments share one DECODEBENCH_HOME: each one's lm-eval must not evict the other's cache (it did, so
+    every lm_eval process after a switch parsed ~14,000 files again, 5-6 s)."""
+    from lm_eval.tasks import _index
+    from lm_eval.tasks._index import TaskIndex
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    from decodebench.task_index_cache import YamlCache, cached_index_build
+
+    monkeypatch.setenv("DECODEBENCH_HOME", str(tmp_path / "home"))
+    original = TaskIndex.__dict__["build"].__func__
+    original = getattr(original, "__wrapped__", original)
+    roots = [tmp_path / "env-a" / "tasks", tmp_path / "env-b" / "tasks"]
+    for root in roots:
+        root.mkdir(parents=True)
+        (root / "one.yaml").write_text("task: one\ndoc_to_text: '{{q}}'\n")
+        monkeypatch.setattr(_index, "__file__", str(root / "_index.py"))
+        cached_index_build(_index, original)([root])
+    assert all(YamlCache(root, load_yaml).hit for root in roots)
+    assert len(list((tmp_path / "home" / "lm-eval-task-index").glob("*.json"))) == 2
+
+
 class _Planted:
     """A pickle that, loaded, writes a file: what someone able to write a shared DECODEBENCH_HOME could plant."""
 
