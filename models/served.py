@@ -45,6 +45,7 @@ import json
 import logging
 import math
 import os
+import threading
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -551,10 +552,23 @@ def _spec_decode(metrics, data: str) -> dict[str, float]:
 
 
 def _close_http(loop: asyncio.Runner, http: dict) -> None:
-    """At the backend's end: its session's connections closed in the loop that opened them, then the loop."""
-    if "session" in http:
-        loop.run(http.pop("session").close())
-    loop.close()
+    """At the backend's end: its session's connections closed in the loop that opened them, then the loop. The
+    collector may call this inside another event loop (a caller's own asyncio code), where a loop cannot be run:
+    then on a thread of its own."""
+
+    def close() -> None:
+        if "session" in http:
+            loop.run(http.pop("session").close())
+        loop.close()
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        close()
+        return
+    closer = threading.Thread(target=close, name="decodebench-close-http")
+    closer.start()
+    closer.join()
 
 
 def _finish_reason(choice: dict) -> str:

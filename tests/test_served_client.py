@@ -79,6 +79,31 @@ def test_the_api_key_goes_with_every_call_and_into_no_result(tiny_checkpoint, mo
         assert key not in summaries
 
 
+def test_a_backend_collected_inside_a_callers_event_loop_closes_its_connections(server, tiny_checkpoint):
+    """The collector ran the backend's finalizer inside a running event loop (another test's asyncio code) and it
+    raised there, leaving its HTTP session open."""
+    import asyncio
+    import gc
+    import sys
+
+    lm = served_lm(server, tiny_checkpoint)
+    lm.generate_until(fake_requests(["The capital of France is"], max_gen_toks=4))
+    session = lm._http["session"]
+    unraisable = []
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+
+    async def drop_it():
+        nonlocal lm
+        del lm
+        gc.collect()
+
+    try:
+        asyncio.run(drop_it())
+    finally:
+        sys.unraisablehook = hook
+    assert unraisable == [] and session.closed
+
+
 def test_unreadable_server_counters_are_unavailable_and_do_not_hold_the_run(tiny_checkpoint):
     for metrics in ("nan", "trickle"):
         with FakeOpenAI(metrics=metrics) as server:
