@@ -44,6 +44,26 @@ def run_lm_eval(*args: str, cwd: Path, timeout: int = 1200, **env: str) -> subpr
     return run_command([console_script("lm_eval"), *args], cwd=cwd, timeout=timeout, **env)
 
 
+def lm_eval_in_process(*args: str, cwd: Path) -> None:
+    """``lm_eval ARGS`` run in this process: lm-eval's own command-line entry point with this argv, decodebench's
+    start-up hook already active, offline, from ``cwd``. What the command writes, without starting a Python that
+    imports torch, transformers and lm-eval again (~8 s a run here); for tests that read what a run wrote, not how
+    the command exits or what it prints (those run ``run_lm_eval``). A failed run raises."""
+    from lm_eval.__main__ import cli_evaluate
+
+    argv, here, environ = sys.argv, Path.cwd(), dict(os.environ)
+    sys.argv = ["lm_eval", *args]
+    os.environ.update(offline_env())
+    os.chdir(cwd)
+    try:
+        cli_evaluate()
+    finally:
+        sys.argv = argv
+        os.chdir(here)
+        os.environ.clear()
+        os.environ.update(environ)
+
+
 def results_files(output_path: Path) -> list[Path]:
     return sorted(output_path.glob("**/results_*.json"))
 
@@ -143,3 +163,41 @@ def fake_requests(prompts: list[str], **gen_kwargs) -> list:
 
     kwargs = {"until": [], "max_gen_toks": 16, "do_sample": False, **gen_kwargs}
     return [SimpleNamespace(task_name="t", doc_id=i, idx=0, args=(p, dict(kwargs))) for i, p in enumerate(prompts)]
+
+
+# -- vLLM's in-process engine, shared ------------------------------------------------------------------------------
+# An engine start costs ~20 s here: each configuration runs once per test session, and every test that compares with
+# it reads the same output. float32: in bfloat16 a batch of another size flips a near-tie of greedy decoding now and
+# then, and the served tests compare these answers with a server's.
+VLLM_ENGINE = "max_model_len=1024,enforce_eager=True,seed=0,dtype=float32"
+VLLM_TASKS = ("squad_mini", "cnndm_mini")
+VLLM_LIMIT = 8
+VLLM_MAX_GEN_TOKS = 24
+# an LZ penalty strong enough to change answers, and the codelength of the paper's propositions
+STRONG_LZ = ",strength=3.0,codelength=propositions"
+
+
+@pytest.fixture(scope="session")
+def vllm_run(embedded_checkpoint, tmp_path_factory):
+    """``vllm_run(model, extra)``: the output folder of ``lm_eval --model MODEL --model_args
+    backend=vllm,pretrained=embedded,<VLLM_ENGINE><extra>`` on VLLM_TASKS (VLLM_LIMIT documents each, greedy,
+    VLLM_MAX_GEN_TOKS new tokens at most, batch 8, the chat template, samples logged), the engine core in lm_eval's
+    own process; each configuration runs once per session, the first time a test asks for it."""
+    runs: dict[tuple[str, str], Path] = {}
+
+    def run(model: str, extra: str = "") -> Path:
+        if (model, extra) not in runs:
+            folder = tmp_path_factory.mktemp(f"vllm-{model}")
+            proc = run_lm_eval(
+                *("--model", model, "--model_args", f"backend=vllm,pretrained=embedded,{VLLM_ENGINE}{extra}"),
+                *("--tasks", ",".join(VLLM_TASKS), "--limit", str(VLLM_LIMIT), "--batch_size", "8"),
+                *("--gen_kwargs", f"max_gen_toks={VLLM_MAX_GEN_TOKS}", "--apply_chat_template"),
+                *("--output_path", str(folder / "out"), "--log_samples"),
+                cwd=folder,
+                VLLM_ENABLE_V1_MULTIPROCESSING="0",
+            )
+            assert proc.returncode == 0, explain(proc)
+            runs[model, extra] = folder / "out"
+        return runs[model, extra]
+
+    return run

@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 import pytest
-from conftest import console_script, explain, read_results, read_samples, results_files, run_command, run_lm_eval
+from conftest import (
+    console_script,
+    explain,
+    lm_eval_in_process,
+    read_results,
+    read_samples,
+    results_files,
+    run_command,
+    run_lm_eval,
+)
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
@@ -70,7 +79,7 @@ def test_samples_carry_per_request_measurements(baseline_run, embedded_checkpoin
 
 def test_plain_hf_model_still_works_and_matches_the_baseline(baseline_run, embedded_checkpoint, tmp_path):
     out_hf = tmp_path / "hf"
-    proc = run_lm_eval(
+    lm_eval_in_process(
         "--model",
         "hf",
         "--model_args",
@@ -85,7 +94,6 @@ def test_plain_hf_model_still_works_and_matches_the_baseline(baseline_run, embed
         "--log_samples",
         cwd=tmp_path,
     )
-    assert proc.returncode == 0, explain(proc)
     ours = {s["doc_id"]: s["resps"] for s in read_samples(baseline_run[0], "squad_mini")}
     theirs = {s["doc_id"]: s["resps"] for s in read_samples(out_hf, "squad_mini")}
     assert ours == theirs, "the measured baseline must generate exactly what lm-eval's HFLM does"
@@ -175,11 +183,9 @@ def test_a_run_resumed_with_use_cache_completes_and_counts_cached_requests_apart
     cache = tmp_path / "cache" / "lm"
     common = ("--model", "baseline", "--model_args", f"pretrained={tiny_checkpoint}", "--tasks", "squad_mini")
     common += (*SHORT, "--use_cache", str(cache), "--log_samples")
-    first = run_lm_eval(*common, "--limit", "2", "--output_path", str(tmp_path / "first"), cwd=tmp_path)
-    assert first.returncode == 0, explain(first)
+    lm_eval_in_process(*common, "--limit", "2", "--output_path", str(tmp_path / "first"), cwd=tmp_path)
     # the same run again, now asked for more documents: what was generated comes from the cache
-    second = run_lm_eval(*common, "--limit", "3", "--output_path", str(tmp_path / "second"), cwd=tmp_path)
-    assert second.returncode == 0, explain(second)
+    lm_eval_in_process(*common, "--limit", "3", "--output_path", str(tmp_path / "second"), cwd=tmp_path)
     stats = read_results(tmp_path / "second")["config"]["decodebench"]["tasks"]["squad_mini"]
     assert stats["requests"] == 1 and stats["cached_requests"] == 2  # only one request was generated and timed
     samples = read_samples(tmp_path / "second", "squad_mini")

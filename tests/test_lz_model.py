@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import explain, read_results, run_lm_eval
+from conftest import lm_eval_in_process, read_results
 
 from decodebench.models.lz import LZ, LZConfig
 from decodebench.models.lz.processors import FrequencyPenaltyLogitsProcessor, LZPenaltyLogitsProcessor
@@ -119,12 +119,11 @@ def test_each_penalty_gets_its_own_default_strength():
 @pytest.mark.slow
 def test_lm_eval_runs_a_penalty_and_records_its_arguments(tiny_checkpoint, tmp_path):
     out = tmp_path / "out"
-    proc = run_lm_eval(
+    lm_eval_in_process(
         *("--model", "lz", "--model_args", f"pretrained={tiny_checkpoint},penalty=frequency,strength=0.5"),
         *("--tasks", "squad_mini", "--gen_kwargs", "max_gen_toks=12", "--limit", "2", "--output_path", str(out)),
         cwd=tmp_path,
     )
-    assert proc.returncode == 0, explain(proc)
     info = read_results(out)["config"]["decodebench"]
     assert info["method"] == "lz" and info["method_args"] == {
         "penalty": "frequency",

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import explain, read_results, run_lm_eval
+from conftest import lm_eval_in_process, read_results
 
 from decodebench.models.mtad.drafts import ContextDrafter, ModelDrafter, layer_skip_draft
 
@@ -216,7 +216,7 @@ def test_a_draft_that_cannot_work_is_refused_before_the_model_loads(tiny_checkpo
 @pytest.mark.slow
 def test_lm_eval_reports_block_efficiency_and_perplexity(tiny_checkpoint, tmp_path):
     out = tmp_path / "out"
-    proc = run_lm_eval(
+    lm_eval_in_process(
         "--model",
         "mtad",
         "--model_args",
@@ -231,7 +231,6 @@ def test_lm_eval_reports_block_efficiency_and_perplexity(tiny_checkpoint, tmp_pa
         str(out),
         cwd=tmp_path,
     )
-    assert proc.returncode == 0, explain(proc)
     stats = read_results(out)["config"]["decodebench"]["tasks"]["cnndm_mini"]["method"]
     assert stats["block_efficiency"] >= 1 and stats["target_perplexity"] > 1 and stats["target_calls"] > 0
 

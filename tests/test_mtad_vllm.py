@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import explain, read_results, read_samples, run_lm_eval
+from conftest import read_results, read_samples
 from host_syncs import HostSyncs
 
 pytestmark = pytest.mark.vllm
@@ -569,30 +569,13 @@ def test_on_the_cpu_build_each_requests_temperature_reaches_its_draft_positions(
 
 
 # -- on the engine -------------------------------------------------------------------------------------------------
-ENGINE = "max_model_len=1024,enforce_eager=True,seed=0,dtype=float32"
-IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-
-
 @pytest.mark.slow
 @pytest.mark.model
-def test_greedy_mtad_on_vllm_answers_as_the_baseline_and_reports_the_engines_counts(embedded_checkpoint, tmp_path):
+def test_greedy_mtad_on_vllm_answers_as_the_baseline_and_reports_the_engines_counts(vllm_run):
     """The issue's command, batched: greedy MTAD is greedy speculative decoding, so its answers are the baseline's,
     text for text; its statistics come from the engine's counters; each engine records the model runner it ran.
     (MTAD's rule under sampling inside a real server, with a draft model's q: tests/test_served.py.)"""
-    runs = {}
-    for model, args in (
-        ("mtad", f"backend=vllm,pretrained=embedded,mode=mtad,draft=context,{ENGINE}"),
-        ("baseline", f"backend=vllm,pretrained=embedded,{ENGINE}"),
-    ):
-        proc = run_lm_eval(
-            *("--model", model, "--model_args", args, "--tasks", "squad_mini,cnndm_mini", "--limit", "4"),
-            *("--batch_size", "8", "--gen_kwargs", "max_gen_toks=48", "--apply_chat_template"),
-            *("--output_path", str(tmp_path / model), "--log_samples"),
-            cwd=tmp_path,
-            **IN_PROCESS,
-        )
-        assert proc.returncode == 0, explain(proc)
-        runs[model] = tmp_path / model
+    runs = {"mtad": vllm_run("mtad", ",mode=mtad,draft=context"), "baseline": vllm_run("baseline")}
     for task in ("squad_mini", "cnndm_mini"):
         texts = {name: {s["doc_id"]: s["resps"][0][0] for s in read_samples(out, task)} for name, out in runs.items()}
         assert texts["mtad"] == texts["baseline"] and any(t.strip() for t in texts["mtad"].values())

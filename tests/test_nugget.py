@@ -188,20 +188,19 @@ def test_on_the_embedded_model_a_batch_of_8_answers_as_batch_1(embedded_checkpoi
     """squad_mini and cnndm_mini through the real lm_eval, the shipped trained compressor (the default selector:
     adapters and soft token) at ratio 5: the same greedy answers at --batch_size 8 as at 1, the per-row cache held
     at decode start at least the row's own, and the results name the checkpoint by its manifest's sha256."""
-    from conftest import explain, read_results, read_samples, run_lm_eval
+    from conftest import lm_eval_in_process, read_results, read_samples
 
     from decodebench.models.nugget.shipped import shipped_checkpoint, verify
 
     answers, stats = {}, {}
     for batch in ("1", "8"):
         out = tmp_path / f"batch-{batch}"
-        proc = run_lm_eval(
+        lm_eval_in_process(
             *("--model", "nugget", "--model_args", "pretrained=embedded,ratio=5"),
             *("--tasks", "squad_mini,cnndm_mini", "--limit", "8", "--batch_size", batch),
             *("--gen_kwargs", "max_gen_toks=24", "--apply_chat_template", "--output_path", str(out), "--log_samples"),
             cwd=tmp_path,
         )
-        assert proc.returncode == 0, explain(proc)
         answers[batch] = {
             t: {s["doc_id"]: s["resps"][0][0] for s in read_samples(out, t)} for t in ("squad_mini", "cnndm_mini")
         }

@@ -1,7 +1,7 @@
 """The served backend against a real `vllm serve` (vLLM's CPU build) over loopback, started by `decodebench serve`.
 
-One plain server is shared by the module; a second one, speculating with a draft model in bfloat16 (what GPU users
-serve), shows chunks that carry several tokens, verifies MTAD's and block verification's requests by their rules
+One plain server is shared by the module; a second one (both start together, at the module's first test),
+speculating with a draft model in bfloat16 (what GPU users serve), shows chunks that carry several tokens, verifies MTAD's and block verification's requests by their rules
 (structured outputs among them), and is killed mid-run at the end.
 """
 
@@ -20,6 +20,9 @@ import urllib.request
 
 import pytest
 from conftest import (
+    STRONG_LZ,
+    VLLM_LIMIT,
+    VLLM_MAX_GEN_TOKS,
     Lines,
     console_script,
     explain,
@@ -39,11 +42,9 @@ if importlib.util.find_spec("vllm") is None and not os.environ.get("DECODEBENCH_
 # float32 on both sides: in bfloat16 a batch of another size flips a near-tie of greedy decoding now and then
 SERVER_ARGS = ("--max-model-len", "1024", "--enforce-eager", "--seed", "0")
 FLOAT32 = ("--dtype", "float32")
-LIMIT = "8"
-SHORT = ("--gen_kwargs", "max_gen_toks=24")
-# the in-process engine of the same settings, for answers to compare with
-ENGINE_ARGS = "max_model_len=1024,enforce_eager=True,seed=0,dtype=float32"
-IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# as the in-process engine's shared runs (conftest.vllm_run), whose answers these are compared with
+LIMIT = str(VLLM_LIMIT)
+SHORT = ("--gen_kwargs", f"max_gen_toks={VLLM_MAX_GEN_TOKS}")
 
 
 def _free_port() -> int:
@@ -62,12 +63,16 @@ class Server:
             command, env=offline_env(), stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
         )
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
+
+    def ready(self) -> Server:
+        """Once the server says what to run (its engine is up); a server that dies or never comes up fails the test."""
         deadline = time.monotonic() + 600
         while "lm_eval --model baseline --model_args backend=served" not in self.output():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 pytest.fail("decodebench serve did not come up:\n" + self.output()[-4000:])
-            time.sleep(1)
+            time.sleep(1)  # polls the log for the line; the wait ends on the line, not on the time
+        return self
 
     def output(self) -> str:
         return self.log_path.read_text()
@@ -87,11 +92,33 @@ class Server:
         self.process.wait()
 
 
+def speculative_args(checkpoint) -> tuple[str, ...]:
+    """A server drafting with the target's first 10 layers (a draft model: q reaches the verifier), as
+    ``--model mtad --model_args backend=vllm,draft=self:10`` configures its engine, in bfloat16."""
+    from decodebench.models.mtad.config import MTADConfig
+    from decodebench.models.mtad.vllm_engine import speculative_config
+
+    config = speculative_config(MTADConfig(draft="self:10"), str(checkpoint))
+    args = ("--speculative-config", json.dumps(config), "--dtype", "bfloat16")
+    return (*args, "--per-request-spec-decode-metrics", "summary")  # each request's acceptance on its last chunk
+
+
 @pytest.fixture(scope="module")
-def server(embedded_checkpoint, tmp_path_factory):
-    running = Server(tmp_path_factory.mktemp("served"), *FLOAT32)
-    yield running
-    running.stop()
+def servers(embedded_checkpoint, tmp_path_factory):
+    """Both of the module's servers, started together: the speculative one comes up while the plain one's tests run
+    (an engine start is ~35 s here, much of it one process importing)."""
+    started = {
+        "plain": Server(tmp_path_factory.mktemp("served"), *FLOAT32),
+        "speculative": Server(tmp_path_factory.mktemp("speculative"), *speculative_args(embedded_checkpoint)),
+    }
+    yield started
+    for running in started.values():
+        running.stop()
+
+
+@pytest.fixture(scope="module")
+def server(servers):
+    return servers["plain"].ready()
 
 
 def served(server, model: str, extra: str, out, *args: str, cwd, **env):
@@ -101,16 +128,6 @@ def served(server, model: str, extra: str, out, *args: str, cwd, **env):
         *("--output_path", str(out), "--log_samples", *args),
         cwd=cwd,
         **env,
-    )
-
-
-def in_process(model: str, extra: str, out, cwd):
-    return run_lm_eval(
-        *("--model", model, "--model_args", f"backend=vllm,pretrained=embedded,{ENGINE_ARGS}{extra}"),
-        *("--tasks", "squad_mini", "--limit", LIMIT, *SHORT, "--apply_chat_template"),
-        *("--output_path", str(out), "--log_samples"),
-        cwd=cwd,
-        **IN_PROCESS,
     )
 
 
@@ -142,10 +159,9 @@ def served_baseline(server, tmp_path_factory):
     return folder / "served"
 
 
-def test_served_answers_equal_the_in_process_engines_and_every_request_is_measured(served_baseline, tmp_path):
+def test_served_answers_equal_the_in_process_engines_and_every_request_is_measured(served_baseline, vllm_run, tmp_path):
     (tmp_path / "served").symlink_to(served_baseline)
-    local = in_process("baseline", "", tmp_path / "local", cwd=tmp_path)
-    assert local.returncode == 0, explain(local)
+    (tmp_path / "local").symlink_to(vllm_run("baseline"))
     answers = texts(tmp_path / "served")
     assert answers == texts(tmp_path / "local") and sum(bool(t.strip()) for t in answers.values()) >= 6
     scores = read_results(tmp_path / "served")["results"]["squad_mini"]
@@ -169,13 +185,10 @@ def test_served_answers_equal_the_in_process_engines_and_every_request_is_measur
     assert served_tokens == local_tokens
 
 
-def test_lz_through_the_server_changes_the_output_as_lz_in_process_does(server, served_baseline, tmp_path):
-    strong = ",strength=3.0,codelength=propositions"
-    proc = served(server, "lz", strong, tmp_path / "served", cwd=tmp_path)
+def test_lz_through_the_server_changes_the_output_as_lz_in_process_does(server, served_baseline, vllm_run, tmp_path):
+    proc = served(server, "lz", STRONG_LZ, tmp_path / "served", cwd=tmp_path)
     assert proc.returncode == 0, explain(proc)
-    local = in_process("lz", strong, tmp_path / "local", cwd=tmp_path)
-    assert local.returncode == 0, explain(local)
-    assert texts(tmp_path / "served") == texts(tmp_path / "local")
+    assert texts(tmp_path / "served") == texts(vllm_run("lz", STRONG_LZ))
     assert texts(tmp_path / "served") != texts(served_baseline), "a strong LZ penalty must change some answer"
 
 
@@ -330,18 +343,8 @@ def test_decodebench_serve_stopped_while_starting_leaves_no_engine_behind(embedd
 
 
 @pytest.fixture(scope="module")
-def speculative_server(embedded_checkpoint, tmp_path_factory):
-    """A server drafting with the target's first 10 layers (a draft model: q reaches the verifier), as
-    ``--model mtad --model_args backend=vllm,draft=self:10`` configures its engine, in bfloat16."""
-    from decodebench.models.mtad.config import MTADConfig
-    from decodebench.models.mtad.vllm_engine import speculative_config
-
-    config = speculative_config(MTADConfig(draft="self:10"), str(embedded_checkpoint))
-    args = ("--speculative-config", json.dumps(config), "--dtype", "bfloat16")
-    args += ("--per-request-spec-decode-metrics", "summary")  # each request's acceptance on its last chunk
-    running = Server(tmp_path_factory.mktemp("speculative"), *args)
-    yield running
-    running.stop()
+def speculative_server(servers):
+    return servers["speculative"].ready()
 
 
 def test_a_server_that_speculates_starts_on_the_runner_its_rules_need(speculative_server, server):
