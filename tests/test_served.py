@@ -1,8 +1,9 @@
 """The served backend against a real `vllm serve` (vLLM's CPU build) over loopback, started by `decodebench serve`.
 
 One plain server is shared by the module; a second one (both start together, at the module's first test),
-speculating with a draft model in bfloat16 (what GPU users serve), shows chunks that carry several tokens, verifies MTAD's and block verification's requests by their rules
-(structured outputs among them), and is killed mid-run at the end.
+speculating with a draft model in bfloat16 (what GPU users serve), shows chunks that carry several tokens, verifies
+MTAD's and block verification's requests by their rules (structured outputs among them), and is killed mid-run at
+the end.
 """
 
 from __future__ import annotations
