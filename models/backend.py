@@ -1,6 +1,6 @@
-"""What every backend shares (``models/hf.py``, ``models/vllm.py``): the backend table, the embedded
-model as the default ``pretrained``, the measurement set-up and results record, and the checks
-around ``generate_until`` (task by task, settings checked first, no request left unanswered).
+"""What every backend shares (``models/hf.py``, ``models/vllm.py``, ``models/served.py``; the table of them by name
+is ``models/registry.py``): the embedded model as the default ``pretrained``, the measurement set-up and results
+record, and the checks around ``generate_until`` (task by task, settings checked first, no request left unanswered).
 
 A backend class is ``BackendLM`` placed before lm-eval's own model class (``HFLM``, ``VLLM``);
 it knows its method only through the ``Method`` contract (``models/method.py``).
@@ -8,7 +8,6 @@ it knows its method only through the ``Method`` contract (``models/method.py``).
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 from collections.abc import Sequence
@@ -21,17 +20,6 @@ log = logging.getLogger(__name__)
 
 # Where a decodebench run writes who it is into lm-eval's --use_cache database (lm-eval's own keys are sha256 hex)
 CACHE_IDENTITY_KEY = "decodebench:identity"
-# The backends, imported only when asked for (vLLM may not be installed).
-BACKENDS = {
-    "hf": "decodebench.models.hf:HFBackend",
-    "vllm": "decodebench.models.vllm:VLLMBackend",
-    "served": "decodebench.models.served:ServedBackend",
-}
-
-
-def load_backend(name: str) -> type:
-    module, _, attr = BACKENDS[name].partition(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 def loaded_by_vllm(processor: type) -> bool:

@@ -3,8 +3,9 @@
 A *method* (``Method``) is a small class: its name on the command line, a label that says what it
 is, its typed configuration (``models/config.py``), the backends it runs on, what the main job
 runs of it (``demo_model_args``), and hooks that the backends call. A *backend*
-(``models/hf.py`` over lm-eval's ``HFLM``, ``models/vllm.py`` over its ``VLLM``; what they share
-is in ``models/backend.py``) resolves ``pretrained`` (default: the embedded model), loads the
+(``models/hf.py`` over lm-eval's ``HFLM``, ``models/vllm.py`` over its ``VLLM``, ``models/served.py`` over its
+``LocalCompletionsAPI``; what they share is in ``models/backend.py``, their table by name in ``models/registry.py``)
+resolves ``pretrained`` (default: the embedded model), loads the
 model, measures every ``generate_until`` request, and asks its method what to do; it never names
 a method, and no method imports a backend: a hook receives the backend as ``lm``, and uses only
 what ``DecodingModel`` (below) lists.
@@ -108,7 +109,7 @@ class Method:
     def check_args(cls, model_args: dict[str, Any]) -> tuple[MethodConfig, type, dict[str, Any]]:
         """(the method's checked configuration, the backend class, the backend's arguments), or a ValueError that
         names the argument and what is allowed; nothing is loaded."""
-        from decodebench.models.backend import load_backend
+        from decodebench.models.registry import load_backend
 
         args = dict(model_args)
         backend = args.pop("backend", "hf")

@@ -1,4 +1,4 @@
-"""The methods that ``lm_eval --model NAME`` knows, written once.
+"""The methods that ``lm_eval --model NAME`` knows and the backends they run on (``backend=NAME``), written once.
 
 Each entry is a ``"module:Class"`` of a ``decodebench.models.method.Method`` subclass, imported only
 when lm-eval builds that model. Other packages add methods through the ``decodebench.methods``
@@ -6,6 +6,9 @@ entry-point group, e.g. in their pyproject.toml::
 
     [project.entry-points."decodebench.methods"]
     mymethod = "mypackage.mymethod:MyMethod"
+
+The backends are ``"module:Class"`` entries too, imported only when asked for (vLLM may not be installed); this
+module imports nothing of decodebench's, so the method contract reads the table without an import cycle.
 """
 
 from __future__ import annotations
@@ -20,6 +23,11 @@ METHODS = {
     "nugget": "decodebench.models.nugget:Nugget",
 }
 ENTRY_POINT_GROUP = "decodebench.methods"
+BACKENDS = {
+    "hf": "decodebench.models.hf:HFBackend",
+    "vllm": "decodebench.models.vllm:VLLMBackend",
+    "served": "decodebench.models.served:ServedBackend",
+}
 
 
 def methods() -> dict[str, str]:
@@ -31,5 +39,10 @@ def methods() -> dict[str, str]:
 
 
 def load_method(target: str) -> type:
+    """The class a ``"module:Class"`` entry names, its module imported now."""
     module, _, attr = target.partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def load_backend(name: str) -> type:
+    return load_method(BACKENDS[name])

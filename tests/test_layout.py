@@ -1,5 +1,5 @@
-"""The layout's promises, checked on the source: methods import no backend and no metric, and the main
-job names no method (a fourth method is one module and one registry line)."""
+"""The layout's promises, checked on the source: methods import no backend and no metric, the main job names no
+method (a fourth method is one module and one registry line), and the installed package's imports form no cycle."""
 
 from __future__ import annotations
 
@@ -55,3 +55,75 @@ def test_the_main_job_names_no_method():
     # "baseline" is also the word for what every comparison in its table is made against
     named = [name for name in METHODS if name != "baseline" and re.search(rf"\b{re.escape(name)}\b", text)]
     assert not named, f"harness/demo.py names {named}: the demo must take its runs from the registry"
+
+
+def import_graph(package: Path) -> dict[str, set[str]]:
+    """{module: the package's modules it imports} for every module under ``package``: imports at module level, inside
+    functions and for type checking alike (a lazy import is still a dependency); ``from pkg import sub`` is an edge
+    to the submodule ``pkg.sub``, and to ``pkg`` itself only for names that are not submodules."""
+    modules = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def owner(name: str) -> str | None:  # the module a dotted name lives in
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {owner(alias.name) for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                targets |= {owner(f"{node.module}.{alias.name}") for alias in node.names}
+        graph[name] = targets - {None, name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the graph, as the modules along it (the first again at the end), or None."""
+    state: dict[str, str] = {}  # "open" while on the path, "done" after
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = "open"
+        path.append(module)
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == "open":
+                return [*path[path.index(target) :], target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        path.pop()
+        state[module] = "done"
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (cycle := visit(module)):
+            return cycle
+    return None
+
+
+def test_the_installed_packages_imports_form_no_cycle():
+    import decodebench
+
+    graph = import_graph(Path(decodebench.__file__).parent)
+    assert len(graph) > 50 and "decodebench.models.registry" in graph["decodebench.models.method"]
+    cycle = find_cycle(graph)
+    assert cycle is None, "an import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_sees_a_lazy_import_back(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("from pkg.sub import b\n")  # a package and its own module: no cycle
+    (package / "sub" / "a.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.sub.b import B\n"
+    )
+    (package / "sub" / "b.py").write_text("class B:\n    def f(self):\n        from pkg.sub import a\n")
+    graph = import_graph(package)
+    assert graph["pkg.sub"] == {"pkg.sub.b"} and graph["pkg.sub.b"] == {"pkg.sub.a"}
+    assert find_cycle(graph) == ["pkg.sub.b", "pkg.sub.a", "pkg.sub.b"]

@@ -279,7 +279,8 @@ def test_the_tracker_follows_vllms_batch_updates(seed):
     from vllm import SamplingParams
     from vllm.config import VllmConfig
 
-    from decodebench.models.mtad.vllm_plugin import Rule, VerificationRequests
+    from decodebench.models.mtad.vllm_plugin import VerificationRequests
+    from decodebench.models.mtad.vllm_requests import Rule
 
     def new_request(rng):
         temperature = rng.choice([0.0, 0.8, 1.0])

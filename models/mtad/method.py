@@ -100,7 +100,7 @@ class MTAD(RowDecodingMethod):
         return runner_need(self.config)
 
     def vllm_sampling_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        from decodebench.models.mtad.vllm_plugin import BLOCK_ARG, MTAD_ARG
+        from decodebench.models.mtad.vllm_requests import BLOCK_ARG, MTAD_ARG
 
         asked = {"mtad": {MTAD_ARG: self.config.tau}, "block": {BLOCK_ARG: True}}.get(self.config.mode)
         if asked:

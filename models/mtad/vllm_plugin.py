@@ -30,51 +30,26 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor
 
-from decodebench.models.model_runners import RUNNER_ENV, BothRunners
+from decodebench.models.model_runners import BothRunners
+from decodebench.models.mtad.vllm_requests import _PATCHED, engine_refusal, marked, requested_rule, version_refusal
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
 
 log = logging.getLogger(__name__)
 
-PINNED_VLLM = "0.32.0"
-MTAD_ARG = "mtad_tau"
-BLOCK_ARG = "block_verify"
-_PATCHED = "_decodebench_verification"
-_state: dict = {"installed": False, "refusal": None}
-
-
-@dataclass(frozen=True)
-class Rule:
-    """How a request's drafts are verified: ``mtad`` (with its ``tau``) or ``block``."""
-
-    name: str
-    tau: float | None = None
-
-
-def vllm_version() -> str:
-    import vllm
-
-    return vllm.__version__
+_state: dict = {"installed": False}
 
 
 def register() -> None:
     """The ``vllm.general_plugins`` entry point: install the rules and the admission check, once per process."""
-    installed = vllm_version()
-    if installed.split("+")[0] != PINNED_VLLM:
-        _state["refusal"] = (
-            f"decodebench's verification rules (MTAD, block) were written against vLLM {PINNED_VLLM} and this is vLLM "
-            f"{installed}: requests that ask for them are refused (install vllm=={PINNED_VLLM}, or a decodebench "
-            f"release made for {installed})"
-        )
-        log.warning(_state["refusal"])
+    if refusal := version_refusal():
+        log.warning(refusal)
         return
     from vllm.v1.engine import input_processor
 
@@ -83,59 +58,17 @@ def register() -> None:
     vllm_v1_rules.install()
     processor = input_processor.InputProcessor
     if not getattr(processor._build_logits_processors_params_validator, _PATCHED, False):
-        processor._build_logits_processors_params_validator = _marked(
+        processor._build_logits_processors_params_validator = marked(
             with_runner_check(processor._build_logits_processors_params_validator)
         )
     _state["installed"] = True
-
-
-def _marked(function):
-    setattr(function, _PATCHED, True)
-    return function
-
-
-def requested_rule(params: SamplingParams) -> Rule | None:
-    """The verification rule a request asks for, or None; a bad argument is a ValueError naming it and what is
-    allowed."""
-    extra = params.extra_args or {}
-    # a misspelt setting (mtad_tauu) would otherwise leave the request on vLLM's own rule without a word
-    unknown = sorted(key for key in extra if key.startswith(("mtad", "block")) and key not in (MTAD_ARG, BLOCK_ARG))
-    if unknown:
-        raise ValueError(f"unknown verification settings {unknown}; allowed: {[MTAD_ARG, BLOCK_ARG]}")
-    tau, block = extra.get(MTAD_ARG), extra.get(BLOCK_ARG)
-    if tau is None and block is None:
-        return None
-    if _state["refusal"]:
-        raise ValueError(_state["refusal"])
-    if block is not None and str(block).lower() not in ("true", "false", "1", "0"):
-        raise ValueError(f"{BLOCK_ARG}={block!r}: must be true or false")
-    block = str(block).lower() in ("true", "1")
-    if tau is None:
-        return Rule("block") if block else None
-    if block:
-        raise ValueError(f"{MTAD_ARG} and {BLOCK_ARG} both given: a request is verified by one rule")
-    try:
-        value = float(tau)
-    except (TypeError, ValueError):
-        raise ValueError(f"{MTAD_ARG}={tau!r}: must be a number in [0, 1)") from None
-    if not (math.isfinite(value) and 0 <= value < 1):
-        raise ValueError(f"{MTAD_ARG}={tau!r}: must be a number in [0, 1) (the paper's: 0.1)")
-    return Rule("mtad", value)
 
 
 def plugin_refusal(vllm_config=None) -> str | None:
     """Why requests that ask for MTAD or block verification cannot be verified by them in this engine (another vLLM
     release, or the V2 model runner), or None; installs the rules first."""
     register()
-    if _state["refusal"]:
-        return _state["refusal"]
-    if vllm_config is not None and vllm_config.use_v2_model_runner:
-        return (
-            "this engine runs vLLM's V2 model runner, whose sampler decodebench's verification rules (MTAD, block) do "
-            f"not wrap; start it with {RUNNER_ENV}=0 (decodebench's own engines do: model_runner=auto), or, for block "
-            "verification alone, use vLLM's own on this runner (speculative_config rejection_sample_method=block)"
-        )
-    return None
+    return engine_refusal(vllm_config)
 
 
 def with_runner_check(build_validator):

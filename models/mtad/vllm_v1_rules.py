@@ -33,7 +33,14 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, Logits
 from vllm.v1.sample.logits_processor.interface import MoveDirectionality
 
 from decodebench.kernels.mtad import block_verify_, following_token, mtad_accept_
-from decodebench.models.mtad.vllm_plugin import _PATCHED, Rule, _marked, plugin_refusal, requested_rule
+from decodebench.models.mtad.vllm_requests import (
+    _PATCHED,
+    Rule,
+    engine_refusal,
+    marked,
+    requested_rule,
+    version_refusal,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +54,11 @@ def install() -> None:
     from vllm.v1.worker import gpu_model_runner
 
     if not getattr(gpu_model_runner.build_logitsprocs, _PATCHED, False):
-        gpu_model_runner.build_logitsprocs = _marked(with_tracker(gpu_model_runner.build_logitsprocs))
+        gpu_model_runner.build_logitsprocs = marked(with_tracker(gpu_model_runner.build_logitsprocs))
     if not getattr(rejection_sampler.rejection_sample, _PATCHED, False):
-        rejection_sampler.rejection_sample = _marked(with_rules(rejection_sampler.rejection_sample))
+        rejection_sampler.rejection_sample = marked(with_rules(rejection_sampler.rejection_sample))
     if not getattr(llm_base_proposer.compute_probs_and_sample_next_token, _PATCHED, False):
-        llm_base_proposer.compute_probs_and_sample_next_token = _marked(
+        llm_base_proposer.compute_probs_and_sample_next_token = marked(
             with_warped_drafts(llm_base_proposer.compute_probs_and_sample_next_token)
         )
 
@@ -74,7 +81,9 @@ class VerificationRequestsV1(LogitsProcessor):
     plugin in that process, a batch that holds such requests is verified by their rules."""
 
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
-        if refusal := plugin_refusal(vllm_config):  # the engine keeps serving every other request
+        if version_refusal() is None:
+            install()
+        if refusal := engine_refusal(vllm_config):  # the engine keeps serving every other request
             log.error(refusal)
         spec = getattr(vllm_config, "speculative_config", None)
         self.engine_rule = Rule("block") if spec is not None and spec.rejection_sample_method == "block" else None
