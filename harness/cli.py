@@ -120,7 +120,7 @@ def _train_nugget(args: argparse.Namespace) -> int:
     text split into a part to compress and a part to continue. Shows progress and the held-out loss, keeps a resume
     file (run the same command again to continue), and saves one safetensors file for `lm_eval --model nugget
     --model_args selector=PATH`."""
-    from decodebench.models.backend import resolve_pretrained
+    from decodebench.embedded import resolve_pretrained
     from decodebench.models.nugget.training import TrainingSettings, default_checkpoint, train
 
     pretrained, embedded = resolve_pretrained(args.pretrained)

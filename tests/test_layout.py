@@ -9,7 +9,32 @@ from pathlib import Path
 
 from conftest import REPO
 
-BACKEND_MODULES = ("decodebench.models.hf", "decodebench.models.vllm")
+
+def backend_modules() -> tuple[str, ...]:
+    """Every backend's module (models/registry.py's table), what they share, and vLLM's CPU fix."""
+    from decodebench.models.registry import BACKENDS
+
+    shared = ("decodebench.models.backend", "decodebench.models.vllm_cpu_fix")
+    return (*sorted(target.partition(":")[0] for target in BACKENDS.values()), *shared)
+
+
+def backend_names_compared(path: Path) -> list[str]:
+    """Backend names (``"vllm"``...) a file uses as values: in a comparison, a lookup, anywhere but the ``backends``
+    declaration a method makes of where it runs. Messages that mention one are prose (only whole strings count)."""
+    from decodebench.models.registry import BACKENDS
+
+    tree = ast.parse(path.read_text())
+    declared = {
+        id(node)
+        for assign in ast.walk(tree)
+        if isinstance(assign, ast.Assign) and any(getattr(t, "id", None) == "backends" for t in assign.targets)
+        for node in ast.walk(assign.value)
+    }
+    return [
+        f"{path.name}:{node.lineno}: {node.value!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and node.value in BACKENDS and id(node) not in declared
+    ]
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -35,7 +60,7 @@ def test_methods_import_no_backend_and_no_metric():
         bad = {
             module
             for module in imported_modules(path)
-            if module.startswith(BACKEND_MODULES) or module.startswith("decodebench.metrics")
+            if module.startswith(backend_modules()) or module.startswith("decodebench.metrics")
         }
         if bad:
             offenders[str(path.relative_to(REPO))] = sorted(bad)
@@ -46,6 +71,28 @@ def test_the_check_sees_an_offending_import(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text("def f():\n    from decodebench.models.hf import HFBackend\n")
     assert "decodebench.models.hf" in imported_modules(sample)
+
+
+def test_methods_ask_backends_for_capabilities_not_names():
+    """A method that needs something of its backend asks ``lm.capabilities`` (models/method.py), so that a new
+    backend that can do the same needs no change to the method; the default ``backend="hf"`` of ``Method`` is the
+    contract's own."""
+    named = [
+        hit
+        for path in method_sources()
+        if path.name != "method.py" or path.parent.name != "models"
+        for hit in backend_names_compared(path)
+    ]
+    assert not named, f"methods name backends: {named}"
+
+
+def test_the_name_check_sees_a_branch_on_a_backend_name(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        'class M:\n    backends = ("hf", "served")\n    def setup(self, lm):\n'
+        '        if lm.backend_name == "served":\n            raise ValueError("not with backend=vllm")\n'
+    )
+    assert backend_names_compared(sample) == ["sample.py:4: 'served'"]
 
 
 def test_the_main_job_names_no_method():

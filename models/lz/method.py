@@ -59,7 +59,6 @@ class LZ(Method):
 
     # -- vLLM -----------------------------------------------------------------------------------
     def vllm_engine_args(self, args: dict[str, Any], pretrained: str) -> dict[str, Any]:
-        from decodebench.models.backend import loaded_by_vllm
         from decodebench.models.lz.vllm_processor import LZPenaltyLogitsProcessor
 
         # installed, decodebench registers the processor with vLLM, which loads it into every engine
@@ -96,3 +95,12 @@ class LZ(Method):
             summary["applied_if"] = "the server speculates: " + SPECULATION_NEEDS_V2
             log.warning("LZ through a server that speculates: %s", summary["applied_if"])
         return summary
+
+
+def loaded_by_vllm(processor: type) -> bool:
+    """True when vLLM loads this V1 logits processor class by itself: decodebench is installed, and registers it
+    under vLLM's ``vllm.logits_processors`` entry point (pyproject.toml), so every engine and ``vllm serve`` has it."""
+    from importlib.metadata import entry_points
+
+    target = f"{processor.__module__}:{processor.__name__}"
+    return any(entry.value == target for entry in entry_points(group="vllm.logits_processors"))

@@ -210,7 +210,7 @@ def check_draft(spec: str, pretrained) -> None:
     if spec.startswith("self:"):
         from transformers import AutoConfig
 
-        from decodebench.models.backend import resolve_pretrained
+        from decodebench.embedded import resolve_pretrained
 
         target, _ = resolve_pretrained(pretrained)
         if not isinstance(target, str):

@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from decodebench.models.method import ENGINE_SPECULATES, SERVER_DECODES
 from decodebench.models.mtad.config import MTADConfig
 from decodebench.models.mtad.drafts import Draft, build_drafter, check_draft
 from decodebench.models.mtad.modes import MODES
@@ -63,8 +64,7 @@ class MTAD(RowDecodingMethod):
         """Also the draft against the target, before anything loads: ``self:<k>`` needs k below the target's layer
         count (read from its config file alone), an infini-gram index or a draft model path must exist."""
         config, backend_class, rest = super().check_args(model_args)
-        backend = model_args.get("backend")
-        if backend == "served":
+        if SERVER_DECODES in backend_class.capabilities:
             if config.mode not in ("mtad", "block"):
                 raise ValueError(
                     f"mode={config.mode}: on a served model the server's --speculative-config decides the drafts and "
@@ -72,7 +72,7 @@ class MTAD(RowDecodingMethod):
                     "each request: mode=mtad (MTAD's tau) or mode=block (block verification)"
                 )
             return config, backend_class, rest  # the draft is the server's
-        if backend == "vllm":
+        if ENGINE_SPECULATES in backend_class.capabilities:
             from decodebench.models.mtad.vllm_engine import check_vllm_config
 
             check_vllm_config(config)
@@ -108,10 +108,10 @@ class MTAD(RowDecodingMethod):
         return kwargs
 
     def setup(self, lm) -> None:
-        backend = getattr(lm, "backend_name", "hf")
-        if backend == "served":
+        capabilities = getattr(lm, "capabilities", frozenset())
+        if SERVER_DECODES in capabilities:
             return  # the server drafts and verifies; its plugin refuses what it cannot do, per request
-        if backend == "vllm":
+        if ENGINE_SPECULATES in capabilities:
             if self.config.mode in ("mtad", "block"):
                 from decodebench.models.mtad.vllm_plugin import plugin_refusal
 
