@@ -117,13 +117,6 @@ def quality_interval(
     return within(t_interval(values), bounds), "t"
 
 
-def mcnemar_exact(b: int, c: int) -> float:
-    """Two-sided exact McNemar p-value from the discordant pairs: ``b`` only the first right, ``c`` only the second."""
-    from scipy.stats import binomtest
-
-    return 1.0 if b + c == 0 else float(binomtest(int(b), int(b + c), 0.5).pvalue)
-
-
 @dataclass(frozen=True)
 class PairedComparison:
     difference: float  # mean of (method - baseline) over paired documents

@@ -75,17 +75,6 @@ def check_lz_sizes(window: int, buffer: int) -> None:
         )
 
 
-def left_pad(histories: list[list[int]], device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ragged histories -> (tokens [N, L] left-padded with PAD, lengths [N])."""
-    width = max((len(h) for h in histories), default=0)
-    tokens = torch.full((len(histories), max(width, 1)), PAD, dtype=torch.long)
-    for row, history in enumerate(histories):
-        if history:
-            tokens[row, width - len(history) :] = torch.as_tensor(history, dtype=torch.long)
-    lengths = torch.tensor([len(h) for h in histories], dtype=torch.long)
-    return tokens.to(device), lengths.to(device)
-
-
 def _matches(history: torch.Tensor, lengths: torch.Tensor, window: int, buffer: int, codelength: str):
     """Longest match ending at each window position (lambda_p) and its distance (delta_p).
 

@@ -11,10 +11,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from lz_reference import authors_codelengths, codelengths
 
-from decodebench.kernels.lz import CODELENGTHS, apply_lz_penalty_, check_lz_sizes, left_pad, lz_codelengths
+from decodebench.kernels.lz import CODELENGTHS, PAD, apply_lz_penalty_, check_lz_sizes, lz_codelengths
 
 V = 7
 REFERENCES = {"propositions": codelengths, "authors": authors_codelengths}
+
+
+def left_pad(histories: list[list[int]], device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged histories -> (tokens [N, L] left-padded with the kernel's PAD, lengths [N]): what the kernel takes."""
+    width = max((len(h) for h in histories), default=0)
+    tokens = torch.full((len(histories), max(width, 1)), PAD, dtype=torch.long)
+    for row, history in enumerate(histories):
+        if history:
+            tokens[row, width - len(history) :] = torch.as_tensor(history, dtype=torch.long)
+    lengths = torch.tensor([len(h) for h in histories], dtype=torch.long)
+    return tokens.to(device), lengths.to(device)
 
 
 def kernel(histories, vocab_size=V, window=16, buffer=4, codelength="propositions"):

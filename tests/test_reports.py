@@ -10,11 +10,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from stats_reference import mcnemar_exact
 
 from decodebench.reports.leaderboard import write_report
 from decodebench.reports.plots import pareto_front
 from decodebench.reports.reader import read_runs
-from decodebench.stats import mcnemar_exact, wilson_interval
+from decodebench.stats import wilson_interval
 
 MACHINE = {"cpu": "Test CPU", "cpu_count": 2, "usable_cpus": 2, "gpus": [], "versions": {}}
 DATE = "2026-11-22T10-00-00.000000"

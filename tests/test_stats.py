@@ -8,11 +8,11 @@ import math
 import numpy as np
 import pytest
 from scipy import stats
+from stats_reference import mcnemar_exact
 
 from decodebench.stats import (
     Interval,
     bootstrap_interval,
-    mcnemar_exact,
     paired_comparison,
     percentiles,
     quality_interval,
