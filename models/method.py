@@ -67,6 +67,7 @@ class DecodingModel(Protocol):
     tokenizer: Any  # its tokenizer (transformers' PreTrainedTokenizer)
     device: torch.device
     pretrained_name: str  # what `pretrained` resolved to: a hub id or a local path
+    capabilities: frozenset[str]  # what the backend can do (ENGINE_SPECULATES, SERVER_DECODES): ask, never its name
     eot_token_id: int
 
     def tok_decode(self, tokens: list[int], skip_special_tokens: bool = True) -> str: ...

@@ -108,10 +108,9 @@ class MTAD(RowDecodingMethod):
         return kwargs
 
     def setup(self, lm) -> None:
-        capabilities = getattr(lm, "capabilities", frozenset())
-        if SERVER_DECODES in capabilities:
+        if SERVER_DECODES in lm.capabilities:
             return  # the server drafts and verifies; its plugin refuses what it cannot do, per request
-        if ENGINE_SPECULATES in capabilities:
+        if ENGINE_SPECULATES in lm.capabilities:
             if self.config.mode in ("mtad", "block"):
                 from decodebench.models.mtad.vllm_plugin import plugin_refusal
 

@@ -36,14 +36,12 @@ import torch
 from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor
 
 from decodebench.models.model_runners import BothRunners
-from decodebench.models.mtad.vllm_requests import _PATCHED, engine_refusal, marked, requested_rule, version_refusal
+from decodebench.models.mtad.vllm_requests import engine_refusal, requested_rule, version_refusal, wrap_once
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
 
 log = logging.getLogger(__name__)
-
-_state: dict = {"installed": False}
 
 
 def register() -> None:
@@ -56,12 +54,7 @@ def register() -> None:
     from decodebench.models.mtad import vllm_v1_rules
 
     vllm_v1_rules.install()
-    processor = input_processor.InputProcessor
-    if not getattr(processor._build_logits_processors_params_validator, _PATCHED, False):
-        processor._build_logits_processors_params_validator = marked(
-            with_runner_check(processor._build_logits_processors_params_validator)
-        )
-    _state["installed"] = True
+    wrap_once(input_processor.InputProcessor, "_build_logits_processors_params_validator", with_runner_check)
 
 
 def plugin_refusal(vllm_config=None) -> str | None:

@@ -19,7 +19,7 @@ PINNED_VLLM = "0.32.0"
 MTAD_ARG = "mtad_tau"
 BLOCK_ARG = "block_verify"
 # set on each vLLM function decodebench wraps, so that a second install wraps nothing twice
-_PATCHED = "_decodebench_verification"
+PATCHED = "_decodebench_verification"
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,13 @@ def version_refusal() -> str | None:
     )
 
 
-def marked(function):
-    setattr(function, _PATCHED, True)
-    return function
+def wrap_once(owner, name: str, wrapper) -> None:
+    """``owner.name = wrapper(owner.name)``, marked with PATCHED, unless decodebench has wrapped it already."""
+    current = getattr(owner, name)
+    if not getattr(current, PATCHED, False):
+        wrapped = wrapper(current)
+        setattr(wrapped, PATCHED, True)
+        setattr(owner, name, wrapped)
 
 
 def requested_rule(params: SamplingParams) -> Rule | None:

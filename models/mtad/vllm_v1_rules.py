@@ -33,14 +33,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, Logits
 from vllm.v1.sample.logits_processor.interface import MoveDirectionality
 
 from decodebench.kernels.mtad import block_verify_, following_token, mtad_accept_
-from decodebench.models.mtad.vllm_requests import (
-    _PATCHED,
-    Rule,
-    engine_refusal,
-    marked,
-    requested_rule,
-    version_refusal,
-)
+from decodebench.models.mtad.vllm_requests import Rule, engine_refusal, requested_rule, version_refusal, wrap_once
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +46,9 @@ def install() -> None:
     from vllm.v1.spec_decode import llm_base_proposer
     from vllm.v1.worker import gpu_model_runner
 
-    if not getattr(gpu_model_runner.build_logitsprocs, _PATCHED, False):
-        gpu_model_runner.build_logitsprocs = marked(with_tracker(gpu_model_runner.build_logitsprocs))
-    if not getattr(rejection_sampler.rejection_sample, _PATCHED, False):
-        rejection_sampler.rejection_sample = marked(with_rules(rejection_sampler.rejection_sample))
-    if not getattr(llm_base_proposer.compute_probs_and_sample_next_token, _PATCHED, False):
-        llm_base_proposer.compute_probs_and_sample_next_token = marked(
-            with_warped_drafts(llm_base_proposer.compute_probs_and_sample_next_token)
-        )
+    wrap_once(gpu_model_runner, "build_logitsprocs", with_tracker)
+    wrap_once(rejection_sampler, "rejection_sample", with_rules)
+    wrap_once(llm_base_proposer, "compute_probs_and_sample_next_token", with_warped_drafts)
 
 
 @dataclass
