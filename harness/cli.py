@@ -372,7 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--concurrency", default=None, help="requests in flight, comma-separated (closed loop; default 1,4,16)"
     )
     sweep.add_argument(
-        "--request-rates", default=None, help="requests per second, comma-separated (open loop), e.g. 0.5,1,2"
+        "--request-rates",
+        default=None,
+        help="requests per second, comma-separated (open loop), and GuideLLM's ends by name: 'synchronous' (one "
+        "request at a time) and 'throughput' (all at once), e.g. synchronous,0.5,1,2,throughput",
     )
     sweep.add_argument("--burstiness", default=None, help="the open loop's gamma shape (default 1: Poisson arrivals)")
     sweep.add_argument("--slo", default=None, help="latency objectives, e.g. 'ttft:500;tpot:50' (ms; ttft, tpot, e2el)")

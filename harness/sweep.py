@@ -2,19 +2,21 @@
 
 Served decoding is judged at the load it will carry: this command runs ``--model M`` and ``--model baseline``
 with ``backend=served`` against the same ``base_url`` at each load, numbers of requests in flight
-(``--concurrency``, closed loop) or request rates (``--request-rates``, open loop: models/served_load.py), in
-rounds whose order
-alternates (the levels forwards, then backwards; within a level, baseline and method alternating), through the
-real ``lm_eval``, after one untimed pass of every prompt (so that the server's prefix cache holds them for every
-timed run alike). Per level it reports each side's throughput (tokens/s over the task's wall time), the method's
-over the baseline's paired per round with its 95% bootstrap interval over rounds, TTFT, TPOT and ITL
-percentiles, the server's counters, and quality from the same generations with its paired test. With ``--slo``,
-each side's SLO attainment (Wilson interval, n) and goodput per level, and, over request rates, the highest rate at
+(``--concurrency``, closed loop) or request rates (``--request-rates``, open loop: models/served_load.py, with
+GuideLLM's two ends by name: ``synchronous``, one request at a time, and ``throughput``, every request at once), in
+rounds whose order alternates (the levels forwards, then backwards; within a level, baseline and method
+alternating), through the real ``lm_eval``, after one untimed pass of every prompt (so that the server's prefix
+cache holds them for every timed run alike). Per level it reports each side's throughput (tokens/s over the task's
+wall time) and requests answered per second, the method's throughput over the baseline's paired per round with its
+95% bootstrap interval over rounds, TTFT, TPOT and ITL percentiles, the server's counters, and quality from the same
+generations with its paired test. With ``--slo``,
+each side's SLO attainment (Wilson interval, n) and goodput per level, and, over request rates, the heaviest load at
 which each side kept ``--attainment`` of its requests within the objectives. ``decodebench report OUT`` draws
 throughput against latency across the levels.
 
     decodebench sweep --model lz --base-url http://127.0.0.1:8000/v1 --concurrency 1,4,16 --tasks squad_mini
-    decodebench sweep --model mtad --base-url ... --request-rates 0.5,1,2 --slo 'ttft:2000;tpot:200' --tasks squad_mini
+    decodebench sweep --model mtad --base-url ... --request-rates synchronous,0.5,1,2,throughput \\
+        --slo 'ttft:2000;tpot:200' --tasks squad_mini
 """
 
 from __future__ import annotations
@@ -27,26 +29,53 @@ from pathlib import Path
 from decodebench.compare import SIDES, UsageError, checked_sides, exit_codes
 from decodebench.runs import LmEvalRun
 
+# GuideLLM's two ends of a rate sweep, asked for by name in --request-rates: one request at a time, and every
+# request at once (vllm bench serve's default rate, inf, kept finite: the highest rate the open loop takes)
+SYNCHRONOUS, THROUGHPUT = "synchronous", "throughput"
+
 
 @dataclass(frozen=True)
 class Level:
-    """One load of a sweep: ``value`` requests in flight (closed loop), or requests per second (open loop)."""
+    """One load of a sweep: ``value`` requests in flight (closed loop) or requests per second (open loop); or a
+    sweep's ends, ``synchronous`` (one request in flight, the next sent as it finishes) and ``throughput`` (every
+    request sent at once), which have no value."""
 
-    kind: str  # "concurrency" or "rate"
-    value: float
+    kind: str  # "concurrency", "rate", SYNCHRONOUS or THROUGHPUT
+    value: float | None = None
     load_args: tuple[tuple[str, str], ...] = ()  # burstiness, slo: the same at every level
 
     @property
     def name(self) -> str:
+        if self.value is None:
+            return self.kind
         return f"{self.value:g} in flight" if self.kind == "concurrency" else f"{self.value:g} req/s"
 
     @property
     def folder(self) -> str:
-        return f"concurrency-{self.value:g}" if self.kind == "concurrency" else f"rate-{self.value:g}"
+        return self.kind if self.value is None else f"{self.kind}-{self.value:g}"
+
+    @property
+    def order(self) -> tuple[int, float]:
+        """Lightest load first: synchronous, then the values, then throughput."""
+        return ({SYNCHRONOUS: 0, THROUGHPUT: 2}.get(self.kind, 1), self.value or 0)
 
     def args(self) -> dict[str, str]:
+        from decodebench.models.served_load import MAX_REQUEST_RATE
+
+        shared = dict(self.load_args)
+        if self.kind == SYNCHRONOUS:  # a closed loop: the open loop's arrival shape does not apply
+            return {"num_concurrent": "1", **{k: v for k, v in shared.items() if k != "burstiness"}}
+        if self.kind == THROUGHPUT:
+            return {"request_rate": f"{MAX_REQUEST_RATE:g}", **shared}
         key = "num_concurrent" if self.kind == "concurrency" else "request_rate"
-        return {key: f"{self.value:g}", **dict(self.load_args)}
+        return {key: f"{self.value:g}", **shared}
+
+    @classmethod
+    def from_folder(cls, name: str) -> Level:
+        if name in (SYNCHRONOUS, THROUGHPUT):
+            return cls(name)
+        kind, _, value = name.partition("-")
+        return cls(kind, float(value) if kind == "rate" else int(value))
 
 
 def read_levels(folder: Path) -> dict[Level, list[dict[str, Path]]]:
@@ -55,11 +84,9 @@ def read_levels(folder: Path) -> dict[Level, list[dict[str, Path]]]:
     produced: dict[Level, list[dict[str, Path]]] = {}
     for round_folder in sorted(folder.glob("round-*"), key=lambda p: int(p.name.split("-")[1])):
         for level_folder in round_folder.iterdir():
-            kind, _, value = level_folder.name.partition("-")
-            level = Level(kind, float(value) if kind == "rate" else int(value))
             files = {side.name: next(side.glob("**/results_*.json")) for side in level_folder.iterdir()}
-            produced.setdefault(level, []).append(files)
-    return dict(sorted(produced.items(), key=lambda item: item[0].value))
+            produced.setdefault(Level.from_folder(level_folder.name), []).append(files)
+    return dict(sorted(produced.items(), key=lambda item: item[0].order))
 
 
 def level_args(args: dict[str, str], base_url: str, level: Level) -> dict[str, str]:
@@ -85,20 +112,31 @@ def parse_levels(
             raise UsageError(f"--slo: {exc}") from None
     extra = tuple((k, v) for k, v in (("burstiness", burstiness), ("slo", slo)) if v is not None)
     kind, text = ("rate", request_rates) if request_rates else ("concurrency", concurrency or "1,4,16")
+    words = (SYNCHRONOUS, THROUGHPUT) if kind == "rate" else ()
+    parts = [part.strip() for part in text.split(",")]
     try:
-        values = [float(value) for value in text.split(",")]
+        values = [float(part) for part in parts if part not in words]
     except ValueError:
-        values = []
+        values = [math.nan]  # not a number: refused below
 
     def allowed(value: float) -> bool:  # a rate is any finite number > 0, a concurrency a whole one >= 1
         return math.isfinite(value) and value > 0 and (kind == "rate" or (value == int(value) and value >= 1))
 
-    if not values or not all(allowed(value) for value in values):
+    from decodebench.models.served_load import MAX_REQUEST_RATE
+
+    named = [part for part in parts if part in words]
+    if (not values and not named) or not all(allowed(value) for value in values) or len(set(named)) < len(named):
         if kind == "rate":
-            raise UsageError(f"--request-rates {text!r}: comma-separated numbers > 0 (requests/s), e.g. 0.5,1,2")
+            raise UsageError(
+                f"--request-rates {text!r}: comma-separated numbers > 0 (requests/s), and {SYNCHRONOUS!r} (one "
+                f"request at a time) or {THROUGHPUT!r} (all at once) once each, e.g. {SYNCHRONOUS},0.5,1,2,{THROUGHPUT}"
+            )
         raise UsageError(f"--concurrency {text!r}: comma-separated whole numbers >= 1, e.g. 1,4,16")
-    values = [value if kind == "rate" else int(value) for value in values]
-    return [Level(kind, value, extra) for value in values]
+    if kind == "rate" and max(values, default=0) > MAX_REQUEST_RATE:
+        raise UsageError(f"--request-rates {text!r}: at most {MAX_REQUEST_RATE:g} requests/s; {THROUGHPUT!r} sends all")
+    levels = [Level(kind, value if kind == "rate" else int(value), extra) for value in values]
+    levels += [Level(word, None, extra) for word in named]
+    return sorted(levels, key=lambda level: level.order)
 
 
 def warm_up(base_url: str, args: dict[str, str], tasks: list[str], limit: int | None, level: Level) -> None:
@@ -134,8 +172,8 @@ def run_levels(
     """{level: [{"baseline": results, "method": results} per round]}, taken in alternating orders after one
     untimed warm-up pass (``warm_up``)."""
     produced: dict[Level, list[dict[str, Path]]] = {level: [] for level in levels}
-    # the warm-up at the closed loop's largest level, or as fast as the server takes it: its timing is not kept
-    warm_up(base_url, baseline_args, tasks, limit, max(levels, key=lambda level: level.value))
+    # the warm-up at the sweep's heaviest load, as fast as the server takes it: its timing is not kept
+    warm_up(base_url, baseline_args, tasks, limit, max(levels, key=lambda level: level.order))
     for number in range(rounds):
         order = levels if number % 2 == 0 else levels[::-1]
         for position, level in enumerate(order):
@@ -175,9 +213,13 @@ def summarize(produced: dict[Level, list[dict[str, Path]]]) -> dict[str, dict[st
             baseline_task = runs[0]["baseline"].tasks.get(task)
             cells, notes = metric_cells(method_task, baseline_task)
             base_cells, _ = metric_cells(baseline_task, None) if baseline_task else ({}, [])
+            requests = {side: [m[side].get("requests") or 0 for m in measured] for side in SIDES}
             summary[level.name][task] = {
                 "load": {"kind": level.kind, "value": level.value},
                 "throughput": {side: sum(tokens[side]) / sum(seconds[side]) for side in SIDES},
+                # requests answered per second over the task's wall time: what a synchronous or throughput level
+                # offered the server, which it does not fix in advance
+                "requests_per_s": {side: sum(requests[side]) / sum(seconds[side]) for side in SIDES},
                 # each side's SLO attainment over every round's requests (None without --slo)
                 "slo": {side: pooled_slo([m[side].get("slo") for m in measured]) for side in SIDES},
                 "throughput_ratio": ratio,
@@ -219,19 +261,24 @@ def pooled_slo(per_round: list[dict | None]) -> dict | None:
 
 
 def highest_rate_kept(summary: dict[str, dict[str, dict]], attainment: float) -> dict[str, dict[str, dict]]:
-    """Per task and side: the highest request rate at which the side met the objectives for at least
-    ``attainment`` of its requests, with that level's attainment and interval (None where no rate did)."""
+    """Per task and side: the heaviest load of a rate sweep (synchronous, the rates, throughput) at which the side
+    met the objectives for at least ``attainment`` of its requests: the level, its offered ``rate`` (None for the
+    named ends), the requests/s it answered, and that level's attainment and interval (absent where none did)."""
     found: dict[str, dict[str, dict]] = {}
-    for tasks in summary.values():
+    for name, tasks in summary.items():
         for task, row in tasks.items():
-            if row["load"]["kind"] != "rate":
+            load = Level(row["load"]["kind"], row["load"]["value"])
+            if load.kind == "concurrency":
                 continue
             for side, slo in row["slo"].items():
                 if not slo or slo["attainment"] is None or slo["attainment"] < attainment:
                     continue
                 best = found.setdefault(task, {}).get(side)
-                if best is None or row["load"]["value"] > best["rate"]:
-                    found[task][side] = {"rate": row["load"]["value"], **slo}
+                if best is None or load.order > Level(best["kind"], best["rate"]).order:
+                    answered = (row.get("requests_per_s") or {}).get(side)
+                    found[task][side] = {
+                        "level": name, "kind": load.kind, "rate": load.value, "requests_per_s": answered, **slo
+                    }  # fmt: skip
     return found
 
 
@@ -246,12 +293,12 @@ def markdown(summary: dict[str, dict[str, dict]], model: str, rounds: int, attai
     lines = [
         f"# {model} against the baseline through one server, {rounds} round(s) in alternating order",
         "",
-        "Throughput: output tokens over the task's wall time; the ratio is paired per round. TTFT, TPOT: "
-        "p50/p90/p99 in ms (baseline | method).",
+        "Throughput: output tokens over the task's wall time; the ratio is paired per round. Requests answered per "
+        "second over the same time, TTFT, TPOT: p50/p90/p99 in ms (baseline | method).",
         "",
-        "| load | task | baseline tokens/s | method tokens/s | ratio [95% CI] | TTFT (ms) | TPOT (ms) "
+        "| load | task | req/s answered | baseline tokens/s | method tokens/s | ratio [95% CI] | TTFT (ms) | TPOT (ms) "
         "| quality: method vs baseline [95% interval], p | SLO met, n [95% CI]; goodput req/s (baseline \\| method) |",
-        "|---|---|---:|---:|---|---|---|---|---|",
+        "|---|---|---|---:|---:|---|---|---|---|---|",
     ]
     for level, tasks in summary.items():
         for task, row in tasks.items():
@@ -272,19 +319,35 @@ def markdown(summary: dict[str, dict[str, dict]], model: str, rounds: int, attai
                 )
                 break  # the task's first metric: its primary one for decodebench's tasks
             slo = " \\| ".join(slo_text(row["slo"][side]) for side in SIDES)
+            answered = row.get("requests_per_s") or {}
+            answered = " \\| ".join(f"{answered[side]:.2f}" if answered.get(side) else "-" for side in SIDES)
             lines.append(
-                f"| {level} | {task} | {row['throughput']['baseline']:.1f} | {row['throughput']['method']:.1f} "
+                f"| {level} | {task} | {answered} | {row['throughput']['baseline']:.1f} "
+                f"| {row['throughput']['method']:.1f} "
                 f"| {ratio} | {ttft} | {tpot} | {'; '.join(quality) or '-'} | {slo} |"
             )
     kept = highest_rate_kept(summary, attainment)
     if kept:
-        lines += ["", f"Highest request rate at which at least {attainment:.0%} of requests met every objective:", ""]
+        lines += [
+            "",
+            f"Heaviest load swept (synchronous, the rates, throughput) at which at least {attainment:.0%} of requests "
+            "met every objective:",
+            "",
+        ]
         for task, sides in kept.items():
             for side in SIDES:
                 best = sides.get(side)
-                text = f"{best['rate']:g} req/s ({slo_text(best)})" if best else "none of the rates swept"
+                text = f"{kept_text(best)} ({slo_text(best)})" if best else "none of the loads swept"
                 lines.append(f"- {task}, {side}: {text}")
     return "\n".join(lines) + "\n"
+
+
+def kept_text(best: dict) -> str:
+    """``2 req/s``, or a named end with what it answered: ``synchronous (0.93 req/s answered)``."""
+    if best["rate"] is not None:
+        return f"{best['rate']:g} req/s"
+    answered = f" ({best['requests_per_s']:.2f} req/s answered)" if best.get("requests_per_s") else ""
+    return f"{best['level']}{answered}"
 
 
 def slo_text(slo: dict | None) -> str:

@@ -135,7 +135,7 @@ def load_plot(rows: list[Row]) -> str | None:
     fig, (goodput_ax, quality_ax) = plt.subplots(1, 2, figsize=(10, 4.2), dpi=110, sharex=True)
     for label, points in lines.items():
         points = sorted(points, key=lambda r: r.run.request_rate)
-        rates = [r.run.request_rate for r in points]
+        rates = [offered_load(r) for r in points]
         goodput = [((r.measurement.get("slo") or {}).get("goodput_rps") or float("nan")) for r in points]
         (line,) = goodput_ax.plot(rates, goodput, marker="o", label=plain(label[:40]))
         quality = [r.quality if r.quality is not None else float("nan") for r in points]
@@ -144,7 +144,7 @@ def load_plot(rows: list[Row]) -> str | None:
         quality_ax.errorbar(
             rates, quality, yerr=list(zip(*spans, strict=True)), marker="o", capsize=3, color=line.get_color()
         )
-    offered = [r.run.request_rate for points in lines.values() for r in points]
+    offered = [offered_load(r) for points in lines.values() for r in points]
     low, high = min(offered), max(offered)  # every request within the SLO: goodput equals the offered rate
     goodput_ax.plot([low, high], [low, high], color="#9aa5b1", linestyle="--", label="offered rate")
     goodput_ax.set_ylabel("goodput: requests/s within the SLO")
@@ -154,6 +154,18 @@ def load_plot(rows: list[Row]) -> str | None:
         ax.grid(alpha=0.3)
     goodput_ax.legend(loc="best", fontsize=7)
     return _png(fig)
+
+
+def offered_load(row: Row) -> float:
+    """An open-loop run's offered requests/s; for one that sent every request at once (a sweep's throughput end, at
+    the open loop's highest rate), the requests/s it was answered at, where the server set the pace."""
+    from decodebench.models.served_load import MAX_REQUEST_RATE
+
+    rate = row.run.request_rate
+    measured = row.measurement or {}
+    if rate >= MAX_REQUEST_RATE and measured.get("requests") and measured.get("generate_seconds"):
+        return measured["requests"] / measured["generate_seconds"]
+    return rate
 
 
 def task_plots(rows: list[Row]) -> dict[str, str | None]:

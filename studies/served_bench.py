@@ -3,7 +3,8 @@
 ``tox -e served-bench`` (``python studies/served_bench.py``) starts ``decodebench serve`` (vLLM's CPU build here,
 the embedded model, vLLM's own defaults otherwise), runs ``decodebench sweep`` for ``--model lz`` at 1, 4 and 16
 requests in flight on the bundled squad_mini questions, keeps every run's results and scored samples in
-docs/data/benchmarks/served/ and writes docs/benchmarks/served.md from them: per level, quality with its interval
+docs/data/benchmarks/served-concurrency/ and writes docs/benchmarks/served-concurrency.md from them: per level,
+quality with its interval
 and the paired test against the baseline, throughput and the ratio paired per round, and TTFT, TPOT and ITL
 percentiles, as ``vllm bench serve`` defines them (README, "Served models").
 """
@@ -16,7 +17,7 @@ from pathlib import Path
 import common
 from common import keep_sweep_runs, load_json, load_study_main, record_run, run_header, serving
 
-DOC = "docs/benchmarks/served.md"
+DOC = "docs/benchmarks/served-concurrency.md"
 LEVELS = (1, 4, 16)
 SERVER_ARGS = ("--max-model-len", "2048", "--seed", "0")
 
@@ -94,7 +95,8 @@ def render(folder: Path) -> str:
         "computes in bfloat16 here, and a batch of another size flips a near-tie of greedy decoding now and then "
         "(the served tests compare answers in float32, where they agree with the in-process engine's). What the load "
         "changes is how the server's batching trades time per token and to the first token for throughput. MTAD "
-        "and vLLM's speculative decoding served at the same loads: docs/benchmarks/mtad-vllm.md.",
+        "and vLLM's speculative decoding served at the same loads: docs/benchmarks/mtad-vllm.md; in open loop, at "
+        "request rates, with goodput under a latency objective: docs/benchmarks/served.md.",
         "",
     ]
     if not run.get("warm_up"):

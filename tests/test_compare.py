@@ -93,21 +93,31 @@ def test_compare_runs_baseline_and_method_interleaved_through_lm_eval(tiny_check
         (["--concurrency", "4,inf"], "comma-separated whole numbers >= 1"),  # int(inf) raised OverflowError
         (["--rounds", "0"], "--rounds must be at least 1"),
         (["--request-rates", "0,1"], "--request-rates '0,1': comma-separated numbers > 0 (requests/s)"),
+        (["--request-rates", "synchronous,fast"], "and 'synchronous' (one request at a time) or 'throughput'"),
+        (["--request-rates", "throughput,throughput"], "or 'throughput' (all at once) once each"),
+        (["--request-rates", "2e6"], "at most 1e+06 requests/s; 'throughput' sends all"),
+        (["--concurrency", "synchronous"], "--concurrency 'synchronous': comma-separated whole numbers >= 1"),
         (["--request-rates", "1", "--concurrency", "4"], "give --concurrency (closed loop) or --request-rates"),
         (["--burstiness", "0.5"], "--burstiness shapes an open loop's arrivals: give --request-rates with it"),
         (["--request-rates", "1", "--slo", "itl:50"], "--slo: slo='itl:50': unknown objective 'itl'"),
         (["--request-rates", "1", "--attainment", "1.5"], "--attainment 1.5: a share in (0, 1]"),
     ],
 )
-def test_a_sweep_with_a_bad_load_says_what_is_allowed_before_running(flags, message, tmp_path):
-    proc = run_command(
-        [
-            *(console_script("decodebench"), "sweep", "--model", "lz", "--base-url", "http://127.0.0.1:9/v1"),
-            *("--tasks", "squad_mini", *flags),
-        ],
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 2 and message in proc.stderr, explain(proc)
+def test_a_sweep_with_a_bad_load_says_what_is_allowed_before_running(flags, message, tmp_path, capsys, monkeypatch):
+    """decodebench's command-line entry point in this process (a new Python costs ~5 s a case): nothing listens at
+    the base_url, so a check that came after the first run would fail there instead of naming the load."""
+    from decodebench.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main(
+            ["sweep", "--model", "lz", "--base-url", "http://127.0.0.1:9/v1", "--tasks", "squad_mini", *flags]
+        )
+    except SystemExit as exc:  # argparse's own refusals
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and message in err, err
+    assert not (tmp_path / "results").exists()
 
 
 def test_a_rate_sweep_names_the_highest_rate_each_side_kept_its_objectives():
@@ -151,4 +161,43 @@ def test_a_rate_sweep_names_the_highest_rate_each_side_kept_its_objectives():
     )
     strict = highest_rate_kept(summary, 0.99)["squad_mini"]
     assert strict["baseline"]["rate"] == 1 and "method" not in strict  # the method met 99% at no rate swept
-    assert "- squad_mini, method: none of the rates swept" in markdown(summary, "mtad", 1, 0.99)
+    assert "- squad_mini, method: none of the loads swept" in markdown(summary, "mtad", 1, 0.99)
+
+
+def test_a_rate_sweep_runs_from_synchronous_to_throughput_and_names_the_heaviest_load_kept():
+    """GuideLLM's ends by name: synchronous is a closed loop of one request (no arrival shape), throughput the open
+    loop's highest rate (every request at once); they sort around the rates, keep their names through the output
+    folders, and the heaviest load kept may be either, reported with the requests/s it answered."""
+    from decodebench.models.served_load import MAX_REQUEST_RATE
+    from decodebench.sweep import Level, highest_rate_kept, markdown, parse_levels, pooled_slo
+
+    levels = parse_levels(None, "throughput,2,synchronous,0.5", "0.5", "ttft:500")
+    assert [level.name for level in levels] == ["synchronous", "0.5 req/s", "2 req/s", "throughput"]
+    synchronous, throughput = levels[0], levels[-1]
+    assert synchronous.args() == {"num_concurrent": "1", "slo": "ttft:500"}  # burstiness shapes open loops only
+    assert throughput.args() == {"request_rate": f"{MAX_REQUEST_RATE:g}", "burstiness": "0.5", "slo": "ttft:500"}
+    assert [Level.from_folder(level.folder).order for level in levels] == [level.order for level in levels]
+
+    def row(kind, value, met):
+        slo = {s: pooled_slo([{"objectives_s": {"ttft_s": 0.5}, "met": met, "n": 10, "goodput_rps": 1.0}])
+               for s in ("baseline", "method")}  # fmt: skip
+        return {
+            "squad_mini": {
+                "load": {"kind": kind, "value": value},
+                "requests_per_s": {"baseline": 0.8, "method": 6.5 if kind == "throughput" else 0.9},
+                "throughput": {"baseline": 10.0, "method": 10.0},
+                "throughput_ratio": 1.0,
+                "throughput_ratio_interval": None,
+                "latency": {s: {"ttft_s": None, "tpot_s": None} for s in ("baseline", "method")},
+                "quality": {},
+                "slo": slo,
+            }
+        }
+
+    summary = {"synchronous": row("synchronous", None, 10), "1 req/s": row("rate", 1, 7)}
+    kept = highest_rate_kept(summary, 0.9)["squad_mini"]["method"]
+    assert (kept["level"], kept["rate"], kept["requests_per_s"]) == ("synchronous", None, 0.9)  # 1 req/s kept 70%
+    summary["throughput"] = row("throughput", None, 10)
+    kept = highest_rate_kept(summary, 0.9)["squad_mini"]["method"]
+    assert kept["level"] == "throughput"
+    assert "- squad_mini, method: throughput (6.50 req/s answered) (100% of 10 [" in markdown(summary, "mtad", 1)
