@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
+import time
 
 from aiohttp import web
 
 MODEL = "fake-model"
 GOOD_TOKENS = 5
+# the first chunk's last stretch of waiting, spent yielding to the event loop instead of in epoll (which wakes up to
+# 1 ms late): a TTFT exact to well under a millisecond
+PRECISE_S = 0.002
 
 
 class FakeOpenAI:
@@ -27,11 +32,16 @@ class FakeOpenAI:
         gap_s: float = 0.0,
         first_s: float = 0.0,
         tokens: int | None = GOOD_TOKENS,
+        cpus: set[int] | None = None,
     ):
         self.mode, self.metrics, self.api_key = mode, metrics, api_key
-        # exactly known timing: first_s before the first chunk of text (TTFT), gap_s between chunks of text (ITL);
-        # the usage chunk and [DONE] follow the last text at once
+        # exactly known timing: the first chunk of text first_s after the request arrives (TTFT), each next one gap_s
+        # after the one before (ITL), on a schedule fixed at arrival, so that a late write is not passed on to the
+        # next gap; the usage chunk and [DONE] follow the last text at once. What the server did, in time.monotonic
+        # seconds: ``timings``, per request (arrival, [each text chunk's write]), for a client's error against it
         self.first_s, self.gap_s = first_s, gap_s
+        self.timings: list[tuple[float, list[float]]] = []
+        self.cpus = cpus  # the server's own cores (its thread's affinity), so that a client on others cannot slow it
         self.tokens = tokens  # tokens per answer (one per chunk); None: as many as max_tokens asks
         self.hold_until = 0  # "hold": answer once this many requests are in flight at once (or after 30 s)
         self.in_flight = self.peak_in_flight = 0
@@ -47,6 +57,8 @@ class FakeOpenAI:
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def _serve(self) -> None:
+        if self.cpus:
+            os.sched_setaffinity(0, self.cpus)  # 0: this thread alone
         asyncio.set_event_loop(self._loop)
         app = web.Application()
         app.add_routes(
@@ -104,6 +116,7 @@ class FakeOpenAI:
         )
 
     async def _completions(self, request):
+        arrived = time.monotonic()
         if refused := self._refused(request):
             return refused
         self.requests += 1
@@ -136,12 +149,19 @@ class FakeOpenAI:
             await response.prepare(request)
             max_tokens = int(payload["max_tokens"])
             tokens = max_tokens if self.tokens is None else min(self.tokens, max_tokens)
+            due, written = arrived, []
             for number, line in enumerate(self._stream(mode, tokens)):
                 delay = self.first_s if number == 0 else self.gap_s if '"text"' in line else 0
                 if delay:
-                    await asyncio.sleep(delay)
+                    due += delay
+                    await asyncio.sleep(max(0.0, due - time.monotonic() - (PRECISE_S if number == 0 else 0)))
+                    while number == 0 and time.monotonic() < due:  # the TTFT to the timer's resolution, not
+                        await asyncio.sleep(0)  # epoll's millisecond (a later chunk's lateness is not passed on)
                 await response.write(f"data: {line}\n\n".encode())
+                if '"text"' in line:
+                    written.append(time.monotonic())
             await response.write_eof()
+            self.timings.append((arrived, written))
             return response
         finally:
             self.in_flight -= 1
@@ -150,6 +170,8 @@ class FakeOpenAI:
     def _stream(mode: str, tokens: int) -> list[str]:
         if mode == "not json":
             return ["hello, this is not JSON"]
+        if mode == "endless line":  # 4 MiB with no end of line: a client that waits for one buffers it all
+            return ["x" * (4 * 2**20)]
         counts = list(range(1, tokens + 1))
         if mode == "negative usage":
             counts = [-3] * tokens

@@ -110,9 +110,7 @@ def test_a_sweep_with_a_bad_load_says_what_is_allowed_before_running(flags, mess
 
     monkeypatch.chdir(tmp_path)
     try:
-        code = main(
-            ["sweep", "--model", "lz", "--base-url", "http://127.0.0.1:9/v1", "--tasks", "squad_mini", *flags]
-        )
+        code = main(["sweep", "--model", "lz", "--base-url", "http://127.0.0.1:9/v1", "--tasks", "squad_mini", *flags])
     except SystemExit as exc:  # argparse's own refusals
         code = exc.code
     err = capsys.readouterr().err

@@ -39,6 +39,7 @@ def server():
         ("huge usage", "usage.completion_tokens=10000000000 for a request of max_tokens=4"),
         ("cut", "the stream ended before a finish reason (cut short), after 2 attempts"),
         ("redirect", "the server refused a request (HTTP 307 to http://192.0.2.1:9/v1/completions)"),
+        ("endless line", "the stream is not server-sent events: a line longer than 1048576 bytes"),
     ],
 )
 def test_a_server_answer_that_is_not_a_whole_stream_is_a_named_error_for_that_request(

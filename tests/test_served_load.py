@@ -71,6 +71,18 @@ def test_an_open_loop_run_records_its_schedule_and_never_sends_early(tiny_checkp
     assert slo["attainment_interval"][1] == 1.0 and slo["attainment_interval"][0] < 1.0
 
 
+def test_the_open_loops_highest_rate_sends_every_request_at_once(tiny_checkpoint):
+    """A sweep's throughput end (request_rate at its highest): the server answers only once all are in flight."""
+    from decodebench.models.served_load import MAX_REQUEST_RATE
+
+    with FakeOpenAI(mode="hold") as server:
+        server.hold_until = 6
+        lm = served_lm(server, tiny_checkpoint, request_rate=MAX_REQUEST_RATE)
+        lm.generate_until(fake_requests([f"Question {i}:" for i in range(6)], max_gen_toks=4))
+    assert server.peak_in_flight == 6
+    assert max(lm.decodebench_recorder.task_summaries()["t"]["load"]["arrivals_s"]) < 1e-3
+
+
 def test_goodput_counts_only_requests_within_every_objective(tiny_checkpoint):
     with FakeOpenAI() as server:
         lm = served_lm(server, tiny_checkpoint, num_concurrent=2, slo="ttft:0.001;e2el:60s")  # 1 µs: none meets it
@@ -92,6 +104,12 @@ def test_a_server_counting_tokens_only_at_the_end_still_gets_ttft_and_chunk_gaps
     assert record.inter_token_s is None and record.tpot_s is not None  # per token unknown; TPOT from the totals
     summary = lm.decodebench_recorder.task_summaries()["t"]
     assert summary["itl_chunk_s"]["p50"] > 0
+    # what the server did, the truth the served-client benchmark measures clients against: each chunk of text
+    # written no earlier than its schedule, and the client saw no gap the server did not make
+    ((arrived, written),) = server.timings
+    assert len(written) == GOOD_TOKENS
+    assert all(at >= arrived + 0.02 * number - 1e-3 for number, at in enumerate(written))
+    assert record.ttft_s >= written[0] - arrived - 1e-3
 
 
 def test_more_than_a_hundred_requests_are_in_flight_when_asked(tiny_checkpoint):
