@@ -1,14 +1,15 @@
 """The main job (README line 1): every method through the real ``lm_eval`` command, offline.
 
 Each run is one ``lm_eval`` subprocess on the embedded model and the bundled mini tasks,
-written to ``OUT/<run>/``; afterwards a short table of quality, tokens/s and J/token is printed
-with the path of every results file, and the leaderboard of the runs is written to
-``OUT/leaderboard/``.
+written to ``OUT/<run>/`` with lm-eval's own output in ``OUT/<run>/lm_eval.log`` (the terminal shows one progress
+bar per run); afterwards a short table of quality, tokens/s and J/token is printed with the path of every results
+file, and the leaderboard of the runs is written to ``OUT/leaderboard/``.
 """
 
 from __future__ import annotations
 
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ def registered_runs() -> list[Run]:
 
 
 MINI_TASKS = ["decodebench_mini"]
+WIDTH = 120  # the notes under the table; the last screen fits 160 columns
 # With the CLI's default --limit 2, every method on every mini task in under five minutes on two CPU cores,
 # installs included (README): the embedded model decodes ~15 tokens/s there at batch 1.
 MAX_GEN_TOKS = 64
@@ -82,10 +84,12 @@ def run_demo(
     produced: dict[str, Path | None] = {}
     interrupted = False
     try:
+        print(f"lm_eval's own output goes to {out}/<run>/lm_eval.log; each log starts with its command", flush=True)
         for number, run in enumerate(runs, 1):
             invocation = lm_eval_run(run, task_list, out, limit)
-            print(f"\n[{number}/{len(runs)}] {run.name}: {invocation.shown()}", flush=True)
-            produced[run.name] = invocation.run()
+            produced[run.name] = invocation.run_logged(
+                out / run.name / "lm_eval.log", f"[{number}/{len(runs)}] {run.name}"
+            )
             if produced[run.name] is None:
                 print(f"[{number}/{len(runs)}] {run.name} FAILED", flush=True)
     except KeyboardInterrupt:  # Ctrl-C: lm_eval got it too; keep what finished
@@ -111,16 +115,18 @@ def run_demo(
 
 def summary_table(produced: dict[str, Path | None]) -> str:
     """Per task and run: the task's main metric with its interval and its paired difference from the baseline,
-    tokens/s and its ratio to the baseline's, peak memory and J/token (the leaderboard's own cells)."""
+    tokens/s and its ratio to the baseline's, peak memory and J/token (the leaderboard's own cells), in at most 160
+    columns: what the leaderboard says in a cell (small n, runs not interleaved) is said once below the table."""
     from decodebench.reports.reader import read_run
     from decodebench.reports.tables import (
+        APPROXIMATE_BELOW,
+        NOT_INTERLEAVED,
+        SMALL_N,
         build_rows,
         comparison_text,
         energy_text,
         interval_text,
         memory_text,
-        n_text,
-        ratio_text,
         speed_text,
     )
 
@@ -128,29 +134,38 @@ def summary_table(produced: dict[str, Path | None]) -> str:
     order = {name: number for number, name in enumerate(produced)}
     lines = [
         "",
-        "| task | run | n | quality [95% interval] | vs baseline [95% interval], p | tokens/s | x baseline "
-        "| peak memory | J/token |",
+        "| task: metric | run | n | quality [95% interval] | vs baseline [95% interval], p | tokens/s "
+        "| x baseline | peak memory | J/token |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    reasons = set()
+    reasons, approximate, small, ratios = set(), False, False, False
     for task, rows in build_rows(runs).items():
         for row in sorted(rows, key=lambda r: order.get(r.run.method, len(order))):
             metric = row.task.primary_metric
             cell = row.metrics.get(metric) if metric else None
-            quality = f"{metric} {interval_text(cell)}" if cell else "-"
             if row.joules_per_token is None and row.energy_note:
                 reasons.add(row.energy_note)
+            approximate, small = approximate or row.approximate, small or row.small_n
+            ratio = row.speed_note or "-" if row.speed_ratio is None else f"{row.speed_ratio:.2f}x*"
+            ratios = ratios or row.speed_ratio is not None
             lines.append(
-                f"| {task} | {row.run.method} | {n_text(row)} | {quality} | {comparison_text(cell) if cell else '-'} "
-                f"| {speed_text(row)} | {ratio_text(row)} | {memory_text(row)} | {energy_text(row)} |"
+                f"| {task}: {metric or '-'} | {row.run.method} | {row.n if row.n is not None else '-'} "
+                f"| {interval_text(cell) if cell else '-'} | {comparison_text(cell) if cell else '-'} "
+                f"| {speed_text(row)} | {ratio} | {memory_text(row)} | {energy_text(row)} |"
             )
-    lines.append("")
+    notes = []
+    if ratios:
+        notes.append(
+            f"* {NOT_INTERLEAVED}: these runs were taken one after another; for a speed claim, `decodebench compare` "
+            "runs a method and the baseline in interleaved rounds and pairs them per document."
+        )
+    if approximate:
+        notes.append(f"n below {APPROXIMATE_BELOW}: the intervals' coverage is only approximate.")
+    elif small:
+        notes.append(f"n below {SMALL_N}: the intervals are wide.")
+    notes += [f"J/token unavailable: {reason}" for reason in sorted(reasons)]
+    lines += ["", *(textwrap.fill(note, WIDTH) for note in notes), ""]
     for run in runs:
-        lines.append(f"{run.method}: {run.method_label or '?'}; results: {run.path}")
+        lines += [f"{run.method}: {run.method_label or '?'}", f"    {run.path}"]
     lines += [f"{name}: FAILED, no results" for name, path in produced.items() if path is None]
-    lines += [f"\nJ/token unavailable: {reason}" for reason in sorted(reasons)]
-    lines.append(
-        "\nSpeed ratios here divide runs taken one after another; for a speed claim, `decodebench compare` runs a "
-        "method and the baseline in interleaved rounds and pairs them per document."
-    )
     return "\n".join(lines)

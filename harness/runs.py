@@ -63,6 +63,38 @@ class LmEvalRun:
             return None
         return newest_results(self.output_path, started)
 
+    def run_logged(self, log: Path, label: str) -> Path | None:
+        """Run it with lm-eval's own output written to ``log`` and one progress bar on this terminal instead (the
+        requests answered, read from lm-eval's own progress lines as they pass); the results file, or None when it
+        failed, and then the log's last lines are shown."""
+        import re
+
+        from tqdm import tqdm
+
+        log.parent.mkdir(parents=True, exist_ok=True)
+        started = time.time()
+        answered = re.compile(rb"generate_until:\s*\d+%\|[^|]*\|\s*(\d+)/(\d+)")
+        with open(log, "ab", buffering=0) as sink, tqdm(desc=label, unit="request", dynamic_ncols=True) as bar:
+            sink.write(f"$ {self.shown()}\n".encode())
+            process = subprocess.Popen(self.command(), env=offline_env(), stdout=sink, stderr=subprocess.PIPE)
+            try:
+                while chunk := process.stderr.read1(1 << 16):
+                    sink.write(chunk)  # O_APPEND: interleaved with what lm-eval writes to stdout, never over it
+                    if found := answered.findall(chunk):
+                        done, total = map(int, found[-1])
+                        bar.total, bar.n = total, done
+                        bar.refresh()
+                code = process.wait()
+            except BaseException:  # Ctrl-C (lm_eval got it too): nothing of it outlives this run
+                process.kill()
+                process.wait()
+                raise
+        if code != 0:
+            tail = log.read_text(errors="replace").splitlines()[-25:]
+            print("\n".join(["lm_eval failed; the end of its log:", *tail, f"(all of it: {log})"]), flush=True)
+            return None
+        return newest_results(self.output_path, started)
+
     def run_or_raise(self, label: str) -> Path:
         """Show the command under ``label``, run it, and raise if it failed (lm_eval's output says why)."""
         print(f"\n{label}: {self.shown()}", flush=True)

@@ -128,10 +128,15 @@ def test_main_job_runs_lm_eval_and_says_where_results_are(embedded_checkpoint, t
     assert proc.returncode == 0, explain(proc)
     (results,) = results_files(out / "baseline")
     assert str(results) in proc.stdout
-    assert "| squad_mini | baseline |" in proc.stdout
+    assert "| squad_mini: normalized_accuracy | baseline |" in proc.stdout
     assert (out / "leaderboard" / "leaderboard.html").is_file()
     assert f"leaderboard: {out / 'leaderboard' / 'leaderboard.html'}" in proc.stdout
-    assert "--apply_chat_template was not given" not in proc.stdout + proc.stderr  # the main job applies it
+    # lm-eval's own output is in the run's log, not on the terminal, which shows a progress bar per run
+    log = (out / "baseline" / "lm_eval.log").read_text()
+    assert "--apply_chat_template was not given" not in log  # the main job applies it
+    assert log.startswith("$ lm_eval --model baseline") and "Running generate_until requests" in log
+    assert "Running generate_until requests" not in proc.stdout + proc.stderr and "[1/1] baseline: 100%" in proc.stderr
+    assert max(len(line) for line in proc.stdout.splitlines()) <= 160
 
 
 def test_a_chat_model_run_without_its_template_is_warned_about_before_generation(baseline_run):
@@ -159,10 +164,10 @@ def test_ctrl_c_in_the_main_job_reports_the_runs_that_finished(embedded_checkpoi
         text=True,
         start_new_session=True,  # its own process group, as a terminal's Ctrl-C reaches it
     )
-    # lm-eval logs "Running generate_until requests" as a run starts generating: the second time, lz's run is
-    # decoding its 64 tokens (seconds, more on a loaded machine) and the interrupt lands inside it, not after it
+    # lz's progress bar gets its total once lm-eval starts generating: lz's run is then decoding its 64 tokens
+    # (seconds, more on a loaded machine) and the interrupt lands inside it, not after it
     stderr_lines = Lines(proc.stderr)
-    generating = stderr_lines.wait_for("Running generate_until requests", times=2)
+    generating = stderr_lines.wait_for("[2/2] lz:   0%")
     os.killpg(proc.pid, signal.SIGINT)
     stdout = proc.stdout.read()
     proc.wait(timeout=300)
@@ -170,7 +175,10 @@ def test_ctrl_c_in_the_main_job_reports_the_runs_that_finished(embedded_checkpoi
     assert generating, stdout[-2000:] + stderr[-3000:]
     assert proc.returncode == 130, stdout[-2000:] + stderr[-3000:]
     assert "interrupted: 1 of 2 runs finished" in stdout and "Traceback" not in stdout
-    assert (out / "leaderboard" / "leaderboard.md").is_file() and "| squad_mini | baseline |" in stdout
+    assert (
+        out / "leaderboard" / "leaderboard.md"
+    ).is_file() and "| squad_mini: normalized_accuracy | baseline |" in stdout
+    assert "Running generate_until requests" in (out / "lz" / "lm_eval.log").read_text()  # lm-eval's own output
 
 
 def test_results_of_the_embedded_model_land_under_a_readable_name(baseline_run):
