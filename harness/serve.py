@@ -135,6 +135,9 @@ def run_serve(model: str | None, host: str, port: int, vllm_args: list[str], mod
     runner = {"0": "V1", "1": "V2"}.get(environment.get(RUNNER_ENV, ""), "vLLM's choice")
     print(f"starting ({RUNNER_ENV}: {runner} model runner): " + " ".join(command), flush=True)
     signal.signal(signal.SIGTERM, _stop_on_term)
+    # Ctrl-C stops it even where SIGINT came in ignored (a script's `decodebench serve &` without job control, or a
+    # parent that ignores it): deaf to SIGINT, it outlived its parent's stop and left vLLM running
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     # in decodebench serve's own process group: a terminal's Ctrl-C, or a kill of the group, reaches vLLM too
     server = subprocess.Popen(command, env=environment)
     shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host

@@ -184,7 +184,7 @@ def serving(*vllm_args: str):
             raise RuntimeError("decodebench serve did not start; its output is above")
         yield f"http://127.0.0.1:{port}/v1"
     finally:
-        server.send_signal(signal.SIGINT)
+        server.send_signal(signal.SIGTERM)  # as a service manager stops it; it stops vLLM and every engine process
         try:
             server.wait(timeout=120)
         except subprocess.TimeoutExpired:

@@ -319,11 +319,27 @@ def test_decodebench_serve_reads_model_lengths_as_vllm_does(embedded_checkpoint,
         assert command[-2:] == ["--kv-cache-memory-bytes", "1"] and asked[-1] == length, value
 
 
-def test_decodebench_serve_stopped_while_starting_leaves_no_engine_behind(embedded_checkpoint, tmp_path):
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize(
+    ("stop", "inherited"),
+    [
+        (signal.SIGTERM, None),  # as a service manager or the 900 s start limit would
+        # Ctrl-C where SIGINT came in ignored (a script's `decodebench serve &`): it used to stay deaf, outlive its
+        # parent's stop and leave vLLM running
+        (signal.SIGINT, _ignore_sigint),
+    ],
+    ids=["SIGTERM", "SIGINT, inherited as ignored"],
+)
+def test_decodebench_serve_stopped_while_starting_leaves_no_engine_behind(embedded_checkpoint, stop, inherited):
     import psutil
 
     command = [console_script("decodebench"), "serve", "--port", str(_free_port()), *SERVER_ARGS]
-    proc = subprocess.Popen(command, env=offline_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        command, env=offline_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=inherited
+    )
     output = Lines(proc.stdout)
     try:
         assert output.wait_for("starting ("), output.text()
@@ -334,7 +350,7 @@ def test_decodebench_serve_stopped_while_starting_leaves_no_engine_behind(embedd
             time.sleep(0.2)  # polls for the processes to appear; the test waits on them, not on the time
         assert len(started) >= 2, output.text()
         started = serving.children(recursive=True)
-        proc.send_signal(signal.SIGTERM)  # as a service manager or the 900 s start limit would
+        proc.send_signal(stop)
         proc.wait(timeout=180)
         alive = [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         assert alive == [], f"left running: {[p.cmdline()[:3] for p in alive]}"
