@@ -154,7 +154,7 @@ def attach_sample_measurements(evaluator_module):
 
 
 def check_cli_generation_kwargs(evaluator_module):
-    """``--gen_kwargs`` of a decodebench model is checked before the model loads (models/generation.py)."""
+    """``--gen_kwargs`` of a decodebench model is checked before the model loads (models/decoding.py)."""
 
     def wrap(original, signature):
         def simple_evaluate(*args, **kwargs):

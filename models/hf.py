@@ -4,7 +4,7 @@
 longest-first, left-padded batches of ``batch_size``, ``max_gen_toks``, stop sequences plus
 EOS, text cut at the first stop) but runs task by task and batch by batch inside a measurement
 window, so every request gets its own record. Each batch is decoded by the method's
-``hf_decode`` hook (``models/base.py``); the default is ``generate_batch``, which is
+``hf_decode`` hook (``models/method.py``); the default is ``generate_batch``, which is
 ``model.generate`` exactly as HFLM calls it, with the method's ``hf_generate_kwargs``.
 """
 

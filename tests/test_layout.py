@@ -174,3 +174,24 @@ def test_the_cycle_check_sees_a_lazy_import_back(tmp_path):
     graph = import_graph(package)
     assert graph["pkg.sub"] == {"pkg.sub.b"} and graph["pkg.sub.b"] == {"pkg.sub.a"}
     assert find_cycle(graph) == ["pkg.sub.b", "pkg.sub.a", "pkg.sub.b"]
+
+
+SOURCE_FOLDERS = ("harness", "models", "kernels", "reports", "tasks", "studies", "tests")
+# a path of ours, not the tail of another package's (lm_eval/models/...); vLLM's own test files, which
+# tests/test_vllm_upstream.py copies out of its source distribution, are theirs
+CITED_FILE = re.compile(r"(?<![\w/])((?:" + "|".join(SOURCE_FOLDERS) + r")/[\w/.-]+\.py)\b")
+VLLM_TESTS = REPO / "tests" / "test_vllm_upstream.py"
+
+
+def test_every_source_file_the_code_and_readme_cite_exists():
+    """A docstring or the README pointing at a file that moved (the hf backend cited the method contract's file by
+    a name it had lost long before) sends the next reader nowhere."""
+    sources = (p for folder in SOURCE_FOLDERS for p in (REPO / folder).rglob("*.py") if p != VLLM_TESTS)
+    texts = [REPO / "README.md", *sources]
+    missing = sorted(
+        f"{path.relative_to(REPO)} cites {cited}"
+        for path in texts
+        for cited in CITED_FILE.findall(path.read_text())
+        if not (REPO / cited).is_file()
+    )
+    assert not missing, "\n".join(missing)
