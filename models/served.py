@@ -68,9 +68,7 @@ from decodebench.models.served_load import Load, arrival_times, parse_slo
 log = logging.getLogger(__name__)
 
 # counters of vLLM's /metrics whose growth over a task is recorded (speculative decoding, prefix cache)
-COUNTER_PREFIXES = ("vllm:spec_decode", "vllm:prefix_cache")
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
-DRAFTS, ACCEPTED = "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total"
 
 
 # what a retry may cure; any other status is the server's answer
@@ -539,10 +537,12 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
 
         if before is None or after is None:
             return {"unavailable": "the server's /metrics could not be read"}
+        from decodebench.measure.vllm_counters import COUNTER_PREFIXES, mean_acceptance_length
+
         counters: dict[str, Any] = deltas(before, after, COUNTER_PREFIXES)
         counters.update({f"peak {name}": value for name, value in peaks.items()})
-        if counters.get(DRAFTS):
-            counters["mean_acceptance_length"] = 1 + counters.get(ACCEPTED, 0.0) / counters[DRAFTS]
+        if (length := mean_acceptance_length(counters)) is not None:
+            counters["mean_acceptance_length"] = length
         return counters
 
     def answer_source(self) -> dict:

@@ -174,13 +174,15 @@ class VLLMBackend(BackendLM, VLLM):
         """The engine's own counters (speculative decoding, prefix cache), where it keeps them (log stats on)."""
         from vllm.v1.metrics.reader import Counter, Vector
 
+        from decodebench.measure.vllm_counters import COUNTER_PREFIXES
+
         try:
             metrics = self.model.get_metrics()
         except Exception:  # log stats off, or an engine without them
             return None
         counters: dict[str, float] = {}
         for metric in metrics:
-            if not metric.name.startswith(ENGINE_COUNTERS):
+            if not metric.name.startswith(COUNTER_PREFIXES):
                 continue
             name = metric.name.removesuffix("_total") + "_total"  # as /metrics names it (the served backend's)
             if isinstance(metric, Vector):  # one counter per draft position
@@ -229,10 +231,6 @@ def cpu_kv_cache_bytes(model: str, max_model_len: int | None = None) -> int:
             "kv_cache_memory_bytes"
         )
     return wanted
-
-
-# the engine counters a task records (models read their statistics from them: MTAD's acceptance)
-ENGINE_COUNTERS = ("vllm:spec_decode_", "vllm:prefix_cache")
 
 
 def engine_deltas(before: dict | None, after: dict | None) -> dict[str, float] | None:

@@ -185,7 +185,7 @@ def quality(results: Path, task: str) -> str:
 
 
 def render(folder: Path) -> str:
-    from decodebench.models.mtad.vllm_engine import SPEC_PREFIX  # the servers' speculative-decoding counters
+    from decodebench.measure.vllm_counters import SPEC_DECODE  # the servers' speculative-decoding counters
     from decodebench.stats import sign_flip_comparison, speed_ratio_interval
 
     run = load_json(folder, "run.json")
@@ -243,7 +243,7 @@ def render(folder: Path) -> str:
                         versus = f"{ratio:.2f}x [{interval.low:.2f}, {interval.high:.2f}]"
 
                     def counted(name: str, measured=measured) -> float:  # a server counter summed over rounds
-                        return sum((m.get("engine") or {}).get(f"{SPEC_PREFIX}{name}_total", 0) for m in measured)
+                        return sum((m.get("engine") or {}).get(f"{SPEC_DECODE}{name}_total", 0) for m in measured)
 
                     drafts, accepted = counted("num_drafts"), counted("num_accepted_tokens")
                     drafted = counted("num_draft_tokens")

@@ -54,6 +54,7 @@ from typing import Any
 
 from decodebench.measure.energy import EnergyMeter
 from decodebench.measure.memory import MemoryMeter, NoMemory
+from decodebench.measure.vllm_counters import mean_acceptance_length
 from decodebench.metrics.repetition import find_degenerate_repetition
 from decodebench.stats import percentiles, ratio_interval, wilson_interval
 
@@ -399,9 +400,8 @@ def _merge_engine(counters: Iterable[dict]) -> dict[str, Any] | None:
                 merged[name] = max(merged.get(name, value), value)
             elif name != "mean_acceptance_length":
                 merged[name] = merged.get(name, 0) + value
-    drafts = merged.get("vllm:spec_decode_num_drafts_total")
-    if drafts:
-        merged["mean_acceptance_length"] = 1 + merged.get("vllm:spec_decode_num_accepted_tokens_total", 0) / drafts
+    if (length := mean_acceptance_length(merged)) is not None:
+        merged["mean_acceptance_length"] = length
     return merged or None
 
 

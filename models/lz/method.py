@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from decodebench.measure.vllm_counters import DRAFTS
 from decodebench.models.lz.config import LZConfig
 from decodebench.models.method import Method
 
@@ -90,7 +91,7 @@ class LZ(Method):
 
     def summarize(self, records, engine=None) -> dict[str, Any]:
         summary = super().summarize(records, engine)
-        if self.config.penalty == "lz" and (engine or {}).get("vllm:spec_decode_num_drafts_total"):
+        if self.config.penalty == "lz" and (engine or {}).get(DRAFTS):
             # a served engine that speculates applies the penalty only on vLLM's V2 runner, which the client cannot see
             summary["applied_if"] = "the server speculates: " + SPECULATION_NEEDS_V2
             log.warning("LZ through a server that speculates: %s", summary["applied_if"])

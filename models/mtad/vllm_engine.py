@@ -26,7 +26,6 @@ from decodebench.models.mtad.config import MTADConfig
 VLLM_MODES = ("target", "speculative", "mtad", "block")
 # vLLM's n-gram proposer: the longest and shortest n-gram it looks up in the prompt and output
 NGRAM = {"prompt_lookup_max": 4, "prompt_lookup_min": 2}
-SPEC_PREFIX = "vllm:spec_decode_"
 
 
 def check_vllm_config(config: MTADConfig) -> None:
@@ -121,12 +120,14 @@ def spec_decode_statistics(engine: dict[str, Any] | None, gamma: int) -> dict[st
     """MTAD's statistics, under the transformers path's names, from vLLM's speculative-decoding counters of a task:
     iterations (draft-and-verify steps), drafted and accepted tokens, block efficiency (1 + accepted / iterations),
     acceptance rate, acceptance per position and the histogram of accepted lengths."""
-    if not engine or not engine.get(f"{SPEC_PREFIX}num_drafts_total"):
+    from decodebench.measure.vllm_counters import ACCEPTED, DRAFT_TOKENS, DRAFTS, accepted_at
+
+    if not engine or not engine.get(DRAFTS):
         return {}
-    iterations = engine[f"{SPEC_PREFIX}num_drafts_total"]
-    accepted = engine.get(f"{SPEC_PREFIX}num_accepted_tokens_total", 0)
-    drafted = engine.get(f"{SPEC_PREFIX}num_draft_tokens_total", 0)
-    per_position = [engine.get(f"{SPEC_PREFIX}num_accepted_tokens_per_pos_total[{i}]", 0) for i in range(gamma)]
+    iterations = engine[DRAFTS]
+    accepted = engine.get(ACCEPTED, 0)
+    drafted = engine.get(DRAFT_TOKENS, 0)
+    per_position = [engine.get(accepted_at(i), 0) for i in range(gamma)]
     at_least = [iterations, *per_position]  # iterations that accepted at least 0, 1, ..., gamma tokens
     histogram = {str(k): at_least[k] - (at_least[k + 1] if k < gamma else 0) for k in range(gamma + 1)}
     return {
