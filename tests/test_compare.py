@@ -8,7 +8,8 @@ import pytest
 from conftest import console_script, explain, run_command
 from test_reports import BASE, BETTER, results_file
 
-from decodebench.compare import backend_args, parse_model_args, summarize
+from decodebench.compare import summarize
+from decodebench.sides import backend_args, parse_model_args
 
 
 def test_the_speed_ratio_is_paired_per_document_over_the_rounds_and_quality_is_paired(tmp_path):
