@@ -46,6 +46,7 @@ import numpy as np
 
 from decodebench.corpus import REFERENCE_CORPUS, reference_corpus
 from decodebench.paths import home, sha256_file
+from decodebench.vocabulary import tokenizer_fingerprint
 
 META_FILE = "decodebench-index.json"
 # The indexer splits a shard into parts with a 100000-byte overlap; smaller shards fail.
@@ -86,11 +87,6 @@ class IndexInfo:
             "checksum": self.checksum,
             "checksum_verified": self.checksum_verified,
         }
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
-    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
 def _dtype_for(vocab_size: int) -> tuple[str, type]:
