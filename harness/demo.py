@@ -8,6 +8,7 @@ file, and the leaderboard of the runs is written to ``OUT/leaderboard/``.
 
 from __future__ import annotations
 
+import signal
 import sys
 import textwrap
 import time
@@ -73,6 +74,9 @@ def run_demo(
             return 2
         runs = [run for run in runs if run.name in wanted]
 
+    # Ctrl-C reports the runs that finished even where SIGINT came in ignored (started by a script without job
+    # control); its lm_eval runs then get the default back too
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     started = time.time()
     try:
         checkpoint = ensure_embedded_model(log=lambda msg: print(msg, flush=True))
