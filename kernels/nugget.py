@@ -10,6 +10,7 @@ keys are cached after the rotary embedding, each nugget keeps its original posit
 - ``gather_kv``: the kept positions of one layer's keys and values, for the whole batch;
 - ``delimiter_scores`` / ``position_scores``: scores of the training-free selectors (the
   paper's section 7.1 finds that its learned selector mostly picks punctuation and delimiters);
+  ``salience_scores``: a training-free peer of ours, names and numbers and then surprise, whole words;
 - ``straight_through_bias``: eq. 18's ``s - StopGrad(s)``, zero in the forward pass, which
   carries the gradient of the attention logits to the scores when training the selector.
 """
@@ -83,6 +84,33 @@ def delimiter_scores(token_texts: list[str]) -> torch.Tensor:
         elif stripped and all(not ch.isalnum() for ch in stripped):
             base[i] = 2.0
     return base + torch.arange(n) / max(n, 1)
+
+
+# a name or number outranks any surprisal (a token's -log p stays far below this in nats)
+SALIENT_FIRST = 1e4
+
+
+def salience_scores(token_texts: list[str], surprisal: torch.Tensor) -> torch.Tensor:
+    """A training-free peer that keeps what questions tend to ask for (not from the paper): whole words, names and
+    numbers first (a word whose first letter or digit is a capital or a digit), then by surprisal, the largest
+    ``-log p`` of a word's tokens under the model. Every token of a word gets its word's score, so a word is kept
+    whole (but for the last one the budget reaches). A token starts a word when it starts with a space or a
+    non-alphanumeric character, or follows one that ended with one; ``surprisal`` [n] holds each token's -log p
+    given the tokens before it."""
+    n = len(token_texts)
+    starts = torch.tensor(
+        [
+            i == 0 or not text[:1].isalnum() or not token_texts[i - 1][-1:].isalnum()
+            for i, text in enumerate(token_texts)
+        ],
+        dtype=torch.long,
+    )
+    word = torch.cumsum(starts, 0) - 1  # each token's word
+    words = int(word[-1]) + 1 if n else 0
+    peak = torch.full((words,), -math.inf).scatter_reduce(0, word, surprisal.float(), "amax", include_self=True)
+    firsts = [token_texts[i].lstrip()[:1] for i in torch.nonzero(starts).flatten().tolist()]  # each word's
+    salient = torch.tensor([float(ch.isupper() or ch.isdigit()) for ch in firsts])  # first character
+    return (SALIENT_FIRST * salient + peak)[word]
 
 
 def position_scores(n: int, sinks: int = 0, recent: bool = True) -> torch.Tensor:

@@ -13,6 +13,7 @@ from decodebench.kernels.nugget import (
     gather_kv,
     nuggets_for,
     position_scores,
+    salience_scores,
     select_topk,
     straight_through_bias,
 )
@@ -43,6 +44,21 @@ def test_training_free_scores_prefer_delimiters_then_later_tokens():
     assert order[:3] == [5, 4, 2]  # newline, full stop, comma
     streaming = position_scores(10, sinks=2)
     assert torch.topk(streaming, 5).indices.sort().values.tolist() == [0, 1, 7, 8, 9]
+
+
+def test_salience_keeps_whole_words_names_and_numbers_first_then_the_most_surprising():
+    texts = ["The", " river", " Al", "der", " rose", " 3", ".", "5", " m", " on", " Mon", "day", ",", " flood", "ing"]
+    surprisal = torch.tensor([0.0, 2.0, 9.0, 1.0, 4.0, 6.0, 0.5, 0.5, 3.0, 1.0, 5.0, 0.2, 0.1, 7.0, 0.3])
+    scores = salience_scores(texts, surprisal)
+    # words: The | river | Alder | rose | 3 | . | 5 | m | on | Monday | , | flooding
+    words = [[0], [1], [2, 3], [4], [5], [6], [7], [8], [9], [10, 11], [12], [13, 14]]
+    assert all(len({float(scores[i]) for i in word}) == 1 for word in words)  # a word's tokens share its score
+    ranked = sorted(words, key=lambda word: -float(scores[word[0]]))
+    # names and numbers first (The, Alder, 3, 5, Monday), each by its largest surprisal; then the rest by theirs
+    assert ranked[:5] == [[2, 3], [5], [10, 11], [7], [0]]
+    assert ranked[5:8] == [[13, 14], [4], [8]] and float(scores[2]) == float(scores[3]) == 1e4 + 9.0
+    kept = select_topk(scores[None], torch.tensor([len(texts)]), ratio=3)[0][0].tolist()
+    assert kept == [2, 3, 5, 10, 14]  # Alder and 3 whole, where the budget ends a part of Monday, the last token
 
 
 def test_straight_through_bias_is_zero_forward_with_a_gradient():
@@ -100,7 +116,7 @@ class TestNuggetModel:
         reqs, reference = prompts
         assert self.nugget(selector="full").generate_until(reqs) == reference
 
-    @pytest.mark.parametrize("selector", ["delimiter", "streaming", "query-attention"])
+    @pytest.mark.parametrize("selector", ["delimiter", "salience", "streaming", "query-attention"])
     def test_compression_keeps_about_one_in_ratio_of_the_document(self, prompts, selector):
         reqs, _ = prompts
         model = self.nugget(selector=selector, ratio=10)
@@ -114,7 +130,7 @@ class TestNuggetModel:
             assert s["nuggets"] == -(-s["document_tokens"] // 10)
             assert s["document_kv_bytes_kept"] * s["document_tokens"] == s["document_kv_bytes_full"] * s["nuggets"]
 
-    @pytest.mark.parametrize("selector", ["delimiter", "query-attention"])
+    @pytest.mark.parametrize("selector", ["delimiter", "salience", "query-attention"])
     def test_a_batch_decodes_what_each_row_decodes_alone(self, prompts, selector):
         """Rows of different lengths (one left uncompressed) decoded together give batch 1's greedy answers and
         statistics; only the cache held at decode start counts the batch's padding."""

@@ -316,12 +316,13 @@ def test_the_corpus_drops_documents_that_share_text_with_the_evaluation_samples(
 
 def test_an_8k_token_document_stays_within_a_memory_cap(tiny_checkpoint):
     """All layers' attention maps over this document would take 2 layers x 4 heads x n^2 x 4 bytes
-    (over 2 GiB); the selectors never hold more than one layer's weights for the question's rows."""
+    (over 2 GiB); the selectors never hold more than one layer's weights for the question's rows, nor the
+    vocabulary's logits for more than a chunk of positions."""
     from decodebench.models.nugget import Nugget
 
     document = "The river Alder flows past the old bridge, which reopened on Monday after a flood. " * 460
     prompt = f"{document}\n\nWhat reopened?"
-    for selector in ("query-attention", "delimiter"):
+    for selector in ("query-attention", "salience", "delimiter"):
         model = Nugget.create(
             {"pretrained": str(tiny_checkpoint), "device": "cpu", "selector": selector, "max_length": 16384}
         )

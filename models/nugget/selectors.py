@@ -10,6 +10,8 @@ A selector scores the document's ``n`` tokens; ``kernels.nugget.select_topk`` ke
   ablation on the frozen model);
 - ``DelimiterSelector``: training-free and query-independent like the paper's scorer: delimiters
   first, what the paper's section 7.1 finds its trained scorer picks; a stand-in, not the method;
+- ``SalienceSelector``: training-free and query-independent too, but after what questions ask for: whole words,
+  names and numbers first, then the model's surprisal (a peer of ours, not the method);
 - peers at the same ratio: ``QueryAttentionSelector`` (query-aware, SnapKV's kin: the attention
   the question pays to each document token), ``StreamingSelector`` (StreamingLLM: ``sinks`` first
   tokens plus the most recent), ``TruncationSelector`` (the most recent tokens) and
@@ -29,7 +31,7 @@ from typing import ClassVar
 
 import torch
 
-from decodebench.kernels.nugget import delimiter_scores, position_scores
+from decodebench.kernels.nugget import delimiter_scores, position_scores, salience_scores
 from decodebench.models.nugget.config import NuggetConfig
 
 log = logging.getLogger(__name__)
@@ -108,6 +110,26 @@ class QueryAttentionSelector(Selector):
                 logits_to_keep=1,
             )
         return received.float().cpu()
+
+
+class SalienceSelector(Selector):
+    name = "salience"
+    label = (
+        "training-free salience peer (whole words: names and numbers first, then the model's surprisal; "
+        "query-independent; not the paper's method)"
+    )
+    CHUNK = 256  # positions whose vocabulary-sized logits are held at once
+
+    def scores(self, lm, document, tail):
+        model, ids = lm.model, document[0]
+        hidden = model.get_decoder()(input_ids=document).last_hidden_state[0]  # [n, d]
+        head = model.get_output_embeddings()
+        surprisal = torch.zeros(len(ids))  # the first token has nothing before it to be predicted from
+        for start in range(0, len(ids) - 1, self.CHUNK):
+            stop = min(start + self.CHUNK, len(ids) - 1)
+            log_probs = torch.log_softmax(head(hidden[start:stop]).float(), dim=-1)
+            surprisal[start + 1 : stop + 1] = -log_probs.gather(1, ids[start + 1 : stop + 1, None])[:, 0].cpu()
+        return salience_scores([lm.tokenizer.decode([t]) for t in ids.tolist()], surprisal)
 
 
 class TrainedNugget(Selector):
@@ -216,6 +238,7 @@ SELECTORS = {
     for cls in (
         TrainedNugget,
         DelimiterSelector,
+        SalienceSelector,
         QueryAttentionSelector,
         StreamingSelector,
         TruncationSelector,
