@@ -5,7 +5,8 @@ study's answers do when it does not.
 --apply_chat_template`` does, splits each as ``--model nugget`` does (the document before the last blank line),
 and asks every selector of the nugget study, at ratios 5 and 10, which of the document's tokens it keeps: the
 paper's method as shipped (``selector=trained``: its scorer, the checkpoint for that ratio), the delimiter
-stand-in, truncation, StreamingLLM and query-aware attention. A question's answer counts as kept when every
+stand-in, the salience peer (names and numbers, then surprisal, whole words), truncation, StreamingLLM and query-aware
+attention. A question's answer counts as kept when every
 document token overlapping its first reference answer is kept.
 
 The page then joins this with the nugget study's per-question scores (docs/data/nugget-study/, the same 500
@@ -27,7 +28,7 @@ from pathlib import Path
 import common
 from common import doc_parser, kept_results, load_json, page, record_run, run_header, save_json
 
-SELECTORS = ("trained", "delimiter", "truncation", "streaming", "query-attention")
+SELECTORS = ("trained", "delimiter", "salience", "truncation", "streaming", "query-attention")
 RATIOS = (5.0, 10.0)
 TASK = "squad_mini"
 STUDY_DATA = common.DATA / "nugget-study"
@@ -90,17 +91,21 @@ def collect(folder: Path, argv: list[str], args) -> None:
     record_run(folder, __file__, argv, started)
 
 
-def study_scores(name: str, ratio: float | None) -> dict[int, float]:
-    """The nugget study's per-question accuracy for one row, by doc_id."""
+def study_scores(name: str, ratio: float | None) -> dict[int, float] | None:
+    """The nugget study's per-question accuracy for one row, by doc_id (None: the study has not run it)."""
     from nugget_study import Row, folder_name
 
     run = STUDY_DATA / "runs" / folder_name(name, ratio) / TASK
+    if not run.is_dir():
+        return None
     return Row(name, ratio, [kept_results(run)]).scores[TASK]
 
 
-def accuracy(scores: list[float]) -> str:
+def accuracy(scores: list[float] | None) -> str:
     from decodebench.stats import wilson_interval
 
+    if scores is None:
+        return "not in the nugget study"
     if not scores:
         return "- (n = 0)"
     interval = wilson_interval(int(sum(scores)), len(scores))
@@ -145,7 +150,8 @@ def render(folder: Path) -> str:
                 f"| {name} | {ratio:g} | {sum(kept) / len(kept):.3f} [{interval.low:.3f}, {interval.high:.3f}] | "
                 f"{share:.3f} | "
                 + " | ".join(
-                    f"{accuracy([scores[i] for i in groups[g]])} | {accuracy([full[i] for i in groups[g]])}"
+                    f"{accuracy(None if scores is None else [scores[i] for i in groups[g]])} | "
+                    f"{accuracy([full[i] for i in groups[g]])}"
                     for g in (True, False)
                 )
                 + " |"
