@@ -150,7 +150,7 @@ def summary_table(produced: dict[str, Path | None]) -> str:
             if row.joules_per_token is None and row.energy_note:
                 reasons.add(row.energy_note)
             approximate, small = approximate or row.approximate, small or row.small_n
-            ratio = row.speed_note or "-" if row.speed_ratio is None else f"{row.speed_ratio:.2f}x*"
+            ratio = (row.speed_note or "-") if row.speed_ratio is None else f"{row.speed_ratio:.2f}x*"
             ratios = ratios or row.speed_ratio is not None
             lines.append(
                 f"| {task}: {metric or '-'} | {row.run.method} | {row.n if row.n is not None else '-'} "

@@ -19,7 +19,9 @@ Calibrated at the sample sizes people run (2 to a few hundred documents), and ch
   tokens/s over requests or rounds), seeded so that a report is reproducible;
 - ``percentiles``: p50/p90/p99 with linear interpolation (numpy's default);
 - ``speed_ratio_interval``: a method's tokens/s over its baseline's on the same units (prompts,
-  rounds) measured in interleaved runs, with the interval of the paired bootstrap.
+  rounds) measured in interleaved runs, with the interval of the paired bootstrap;
+- ``round_ratio_interval``: the interval of a ratio measured once per round, over a few rounds (Student's t on
+  the log ratios: a bootstrap over 2-4 rounds can only return the spread of the rounds it has).
 """
 
 from __future__ import annotations
@@ -71,6 +73,14 @@ def t_interval(values: Sequence[float]) -> Interval:
         return Interval(mean, mean)
     half = float(t.ppf(0.5 + LEVEL / 2, len(data) - 1) * data.std(ddof=1) / math.sqrt(len(data)))
     return Interval(mean - half, mean + half)
+
+
+def round_ratio_interval(per_round: Sequence[float]) -> Interval:
+    """The 95% interval of a ratio from its value in each of a few interleaved rounds: Student's t interval of the
+    rounds' log ratios, exponentiated (t's quantile at n - 1 degrees of freedom keeps it honest at 2 rounds, where
+    it is wide unless the rounds agree)."""
+    logs = t_interval([math.log(ratio) for ratio in per_round])
+    return Interval(math.exp(logs.low), math.exp(logs.high))
 
 
 def bootstrap_interval(

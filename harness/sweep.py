@@ -8,10 +8,10 @@ rounds whose order alternates (the levels forwards, then backwards; within a lev
 alternating), through the real ``lm_eval``, after one untimed pass of every prompt (so that the server's prefix
 cache holds them for every timed run alike). Per level it reports each side's throughput (tokens/s over the task's
 wall time) and requests answered per second, the method's throughput over the baseline's paired per round with its
-95% bootstrap interval over rounds, TTFT, TPOT and ITL percentiles, the server's counters, and quality from the same
-generations with its paired test. With ``--slo``,
-each side's SLO attainment (Wilson interval, n) and goodput per level, and, over request rates, the heaviest load at
-which each side kept ``--attainment`` of its requests within the objectives. ``decodebench report OUT`` draws
+95% interval over rounds (Student's t on the rounds' log ratios), TTFT, TPOT and ITL percentiles, the server's
+counters, and quality from the same generations with its paired test. With ``--slo``, each side's SLO attainment
+(Wilson interval, n) and goodput per level, and, over request rates, the heaviest load at which each side kept
+``--attainment`` of its requests within the objectives. ``decodebench report OUT`` draws
 throughput against latency across the levels.
 
     decodebench sweep --model lz --base-url http://127.0.0.1:8000/v1 --concurrency 1,4,16 --tasks squad_mini
@@ -197,7 +197,7 @@ def summarize(produced: dict[Level, list[dict[str, Path]]]) -> dict[str, dict[st
     server counters, and quality from the first round."""
     from decodebench.reports.reader import read_run
     from decodebench.reports.tables import metric_cells
-    from decodebench.stats import speed_ratio_interval
+    from decodebench.stats import round_ratio_interval, speed_ratio_interval
 
     summary: dict[str, dict[str, dict]] = {}
     for level, rounds in produced.items():
@@ -207,9 +207,13 @@ def summarize(produced: dict[Level, list[dict[str, Path]]]) -> dict[str, dict[st
             measured = [{side: run[side].tasks[task].measurement or {} for side in SIDES} for run in runs]
             tokens = {side: [m[side].get("new_tokens") or 0 for m in measured] for side in SIDES}
             seconds = {side: [m[side].get("generate_seconds") or 0.0 for m in measured] for side in SIDES}
-            ratio, interval = speed_ratio_interval(
+            ratio, _ = speed_ratio_interval(
                 tokens["method"], seconds["method"], tokens["baseline"], seconds["baseline"]
             )
+            per_round = [
+                (tokens["method"][i] / seconds["method"][i]) / (tokens["baseline"][i] / seconds["baseline"][i])
+                for i in range(len(runs))
+            ]
             baseline_task = runs[0]["baseline"].tasks.get(task)
             cells, notes = metric_cells(method_task, baseline_task)
             base_cells, _ = metric_cells(baseline_task, None) if baseline_task else ({}, [])
@@ -223,7 +227,8 @@ def summarize(produced: dict[Level, list[dict[str, Path]]]) -> dict[str, dict[st
                 # each side's SLO attainment over every round's requests (None without --slo)
                 "slo": {side: pooled_slo([m[side].get("slo") for m in measured]) for side in SIDES},
                 "throughput_ratio": ratio,
-                "throughput_ratio_interval": interval.as_list() if len(runs) > 1 else None,
+                # over rounds, the unit the load is paired on: t on the rounds' log ratios (few rounds)
+                "throughput_ratio_interval": round_ratio_interval(per_round).as_list() if len(runs) > 1 else None,
                 "rounds": len(runs),
                 "latency": {
                     side: {key: measured[0][side].get(key) for key in ("ttft_s", "tpot_s", "itl_s", "latency_s")}

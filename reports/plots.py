@@ -134,7 +134,7 @@ def load_plot(rows: list[Row]) -> str | None:
         return None
     fig, (goodput_ax, quality_ax) = plt.subplots(1, 2, figsize=(10, 4.2), dpi=110, sharex=True)
     for label, points in lines.items():
-        points = sorted(points, key=lambda r: r.run.request_rate)
+        points = sorted(points, key=offered_load)
         rates = [offered_load(r) for r in points]
         goodput = [((r.measurement.get("slo") or {}).get("goodput_rps") or float("nan")) for r in points]
         (line,) = goodput_ax.plot(rates, goodput, marker="o", label=plain(label[:40]))

@@ -63,8 +63,8 @@ def render(folder: Path) -> str:
         "levels forwards, then backwards, and within a level the baseline and LZ (alpha 0.15, window 512, buffer "
         f"{LZ_BUFFER}) alternating. Every request streamed and measured as `vllm bench serve` defines it; times in "
         "ms as p50/p90/p99; throughput is output tokens over the task's wall time, its ratio paired per round with the "
-        "95% bootstrap interval over rounds; quality: normalized accuracy [95% Wilson interval] and the paired "
-        "difference from the baseline [its interval] with McNemar's exact p.",
+        "95% interval over rounds (Student's t on the rounds' log ratios); quality: normalized accuracy [95% Wilson "
+        "interval] and the paired difference from the baseline [its interval] with McNemar's exact p.",
         "",
         "| in flight | run | quality [95% CI] | vs baseline | tokens/s | LZ / baseline [95% CI] | TTFT (ms) "
         "| TPOT (ms) | ITL (ms) |",

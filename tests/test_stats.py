@@ -17,6 +17,7 @@ from decodebench.stats import (
     percentiles,
     quality_interval,
     ratio_interval,
+    round_ratio_interval,
     speed_ratio_interval,
     wilson_interval,
 )
@@ -45,6 +46,15 @@ def test_mcnemar_exact_equals_the_binomial_test_of_the_discordant_pairs():
     assert mcnemar_exact(1, 9) == pytest.approx(22 / 1024)
     assert mcnemar_exact(9, 1) == mcnemar_exact(1, 9)
     assert mcnemar_exact(0, 0) == 1.0 and mcnemar_exact(5, 5) == 1.0
+
+
+def test_a_ratio_over_few_rounds_gets_students_t_on_its_logs():
+    """Two rounds at 1.0x and 1.2x: mean log 0.0912, sd 0.1289, t(0.975, 1 df) = 12.706, so the interval is
+    exp(0.0912 -/+ 1.1583) = [0.344, 3.489] (a bootstrap over the two rounds could only return [1.0, 1.2])."""
+    interval = round_ratio_interval([1.0, 1.2])
+    assert (interval.low, interval.high) == pytest.approx((0.344, 3.489), abs=1e-3)
+    agreeing = round_ratio_interval([1.11, 1.11])
+    assert agreeing.low == agreeing.high == pytest.approx(1.11)
 
 
 def test_seeded_bootstrap_equals_the_exact_bootstrap_distribution():
