@@ -323,40 +323,36 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-@pytest.mark.parametrize(
-    ("stop", "inherited"),
-    [
-        (signal.SIGTERM, None),  # as a service manager or the 900 s start limit would
-        # Ctrl-C where SIGINT came in ignored (a script's `decodebench serve &`): it used to stay deaf, outlive its
-        # parent's stop and leave vLLM running
-        (signal.SIGINT, _ignore_sigint),
-    ],
-    ids=["SIGTERM", "SIGINT, inherited as ignored"],
-)
-def test_decodebench_serve_stopped_while_starting_leaves_no_engine_behind(embedded_checkpoint, stop, inherited):
+def test_decodebench_serve_stopped_while_starting_leaves_no_engine_behind(embedded_checkpoint):
+    """Stopped by SIGTERM (as a service manager or the 900 s start limit would), and by Ctrl-C where SIGINT came in
+    ignored (a script's `decodebench serve &`: it used to stay deaf, outlive its parent's stop and leave vLLM
+    running). Both start at once: a start is one process importing at a time, so two share the machine's cores."""
     import psutil
 
-    command = [console_script("decodebench"), "serve", "--port", str(_free_port()), *SERVER_ARGS]
-    proc = subprocess.Popen(
-        command, env=offline_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=inherited
-    )
-    output = Lines(proc.stdout)
+    starting = {}
+    for stop, inherited in ((signal.SIGTERM, None), (signal.SIGINT, _ignore_sigint)):
+        command = [console_script("decodebench"), "serve", "--port", str(_free_port()), *SERVER_ARGS]
+        output = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(command, env=offline_env(), preexec_fn=inherited, **output)
+        starting[stop] = proc, Lines(proc.stdout)
     try:
-        assert output.wait_for("starting ("), output.text()
-        serving, deadline = psutil.Process(proc.pid), time.monotonic() + 300
-        started = []
-        while len(started) < 2 and time.monotonic() < deadline:  # vllm serve, then its engine process
+        for stop, (proc, output) in starting.items():
+            assert output.wait_for("starting ("), output.text()
+            serving, deadline = psutil.Process(proc.pid), time.monotonic() + 300
+            started = []
+            while len(started) < 2 and time.monotonic() < deadline:  # vllm serve, then its engine process
+                started = serving.children(recursive=True)
+                time.sleep(0.2)  # polls for the processes to appear; the test waits on them, not on the time
+            assert len(started) >= 2, output.text()
             started = serving.children(recursive=True)
-            time.sleep(0.2)  # polls for the processes to appear; the test waits on them, not on the time
-        assert len(started) >= 2, output.text()
-        started = serving.children(recursive=True)
-        proc.send_signal(stop)
-        proc.wait(timeout=180)
-        alive = [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        assert alive == [], f"left running: {[p.cmdline()[:3] for p in alive]}"
+            proc.send_signal(stop)
+            proc.wait(timeout=180)
+            alive = [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+            assert alive == [], f"{stop.name}: left running: {[p.cmdline()[:3] for p in alive]}"
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        for proc, _ in starting.values():
+            if proc.poll() is None:
+                proc.kill()
 
 
 @pytest.fixture(scope="module")

@@ -105,7 +105,10 @@ def test_a_backend_collected_inside_a_callers_event_loop_closes_its_connections(
     assert unraisable == [] and session.closed
 
 
-def test_unreadable_server_counters_are_unavailable_and_do_not_hold_the_run(tiny_checkpoint):
+def test_unreadable_server_counters_are_unavailable_and_do_not_hold_the_run(tiny_checkpoint, monkeypatch):
+    from decodebench.measure import prometheus
+
+    monkeypatch.setattr(prometheus, "SCRAPE_TIMEOUT_S", 0.5)  # the bound, shortened: what is tested is that it holds
     for metrics in ("nan", "trickle"):
         with FakeOpenAI(metrics=metrics) as server:
             lm = served_lm(server, tiny_checkpoint)
@@ -113,7 +116,7 @@ def test_unreadable_server_counters_are_unavailable_and_do_not_hold_the_run(tiny
             (answer,) = lm.generate_until(fake_requests(["The capital of France is"], max_gen_toks=8))
             assert answer == " word" * GOOD_TOKENS
             engine = lm.decodebench_recorder.task_summaries()["t"]["engine"]
-            assert time.monotonic() - started < 30, metrics  # two scrapes of a page that never ends, bounded
+            assert time.monotonic() - started < 20, metrics  # two scrapes of a page that never ends, bounded
             if metrics == "trickle":
                 assert engine == {"unavailable": "the server's /metrics could not be read"}
             else:  # the NaN gauge is left out, the rest read

@@ -18,11 +18,17 @@ class ScrapeError(RuntimeError):
     """A metrics page that cannot be fetched or read; the message names the URL."""
 
 
-def scrape(url: str, timeout_s: float = 5.0, headers: dict[str, str] | None = None) -> dict[str, float]:
-    """The page's samples (bounded in time and size: measure/http.py); a sample that is not a finite number (NaN, a
-    gauge with nothing measured yet) is left out, as unavailable, rather than poisoning a total."""
+# how long one scrape may take, the page read whole (read at each call, so a test can shorten it)
+SCRAPE_TIMEOUT_S = 5.0
+
+
+def scrape(url: str, timeout_s: float | None = None, headers: dict[str, str] | None = None) -> dict[str, float]:
+    """The page's samples (bounded in time and size: measure/http.py; ``SCRAPE_TIMEOUT_S`` unless ``timeout_s``); a
+    sample that is not a finite number (NaN, a gauge with nothing measured yet) is left out, as unavailable, rather
+    than poisoning a total."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    timeout_s = SCRAPE_TIMEOUT_S if timeout_s is None else timeout_s
     try:
         text = http.get(url, headers, timeout_s).decode("utf-8", errors="replace")
     except OSError as exc:
