@@ -6,7 +6,8 @@ selected, footnote of section 2.3). The same positions are kept in every layer, 
 keys are cached after the rotary embedding, each nugget keeps its original position.
 
 - ``select_topk``: the top-k positions of a batch of score rows, last token forced, returned in
-  text order (batched, padded rows allowed through ``lengths``);
+  text order (batched, padded rows allowed through ``lengths``; a leading span may be kept whole, outside the
+  ratio: the prompt's opening when only the document is compressed);
 - ``gather_kv``: the kept positions of one layer's keys and values, for the whole batch;
 - ``delimiter_scores`` / ``position_scores``: scores of the training-free selectors (the
   paper's section 7.1 finds that its learned selector mostly picks punctuation and delimiters);
@@ -32,13 +33,22 @@ def nuggets_for(length: int, ratio: float) -> int:
     return max(1, math.ceil(length / ratio)) if length else 0
 
 
-def select_topk(scores: torch.Tensor, lengths: torch.Tensor, ratio: float, force_last: bool = True):
+def select_topk(
+    scores: torch.Tensor,
+    lengths: torch.Tensor,
+    ratio: float,
+    force_last: bool = True,
+    kept_whole: torch.Tensor | None = None,
+):
     """Positions of the nuggets of each row, in text order.
 
     Args:
         scores: [B, n] one score per context token (rows right-padded past their length).
         lengths: [B] real context lengths.
         ratio: compression ratio r; row i keeps ``ceil(lengths[i] / r)`` positions.
+        kept_whole: [B] leading positions of each row kept whatever their scores and outside the ratio (a prompt's
+            opening that is not part of the document: the authors compress only the document); row i then keeps
+            those ``w`` and ``ceil((lengths[i] - w) / r)`` of the rest (eq. 15 applied to the document alone).
     Returns:
         (indices [B, k_max], mask [B, k_max]): kept positions sorted ascending, and which of the
         ``k_max`` slots are real for each row (rows keep different numbers of nuggets).
@@ -48,10 +58,15 @@ def select_topk(scores: torch.Tensor, lengths: torch.Tensor, ratio: float, force
     positions = torch.arange(n, device=scores.device)
     valid = positions[None, :] < lengths[:, None]
     ranked = scores.masked_fill(~valid, float("-inf")).clone()
+    whole = torch.zeros_like(lengths) if kept_whole is None else torch.minimum(kept_whole, lengths)
+    ranked = ranked.masked_fill(positions[None, :] < whole[:, None], float("inf"))
     if force_last:
         last = (lengths - 1).clamp(min=0)
         ranked[torch.arange(batch, device=scores.device), last] = float("inf")
-    keep = torch.tensor([nuggets_for(int(length), ratio) for length in lengths], device=scores.device)
+    keep = torch.tensor(
+        [int(w) + nuggets_for(int(length - w), ratio) for length, w in zip(lengths, whole, strict=True)],
+        device=scores.device,
+    )
     k_max = int(keep.max()) if batch else 0
     top = torch.topk(ranked, k_max, dim=-1).indices if k_max else positions[:0].expand(batch, 0)
     mask = torch.arange(k_max, device=scores.device)[None, :] < keep[:, None]

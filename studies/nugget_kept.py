@@ -2,8 +2,11 @@
 study's answers do when it does not.
 
 ``tox -e nugget-kept`` (``python studies/nugget_kept.py``) builds squad_mini's 500 prompts as ``lm_eval
---apply_chat_template`` does, splits each as ``--model nugget`` does (the document before the last blank line),
-and asks every selector of the nugget study, at ratios 5 and 10, which of the document's tokens it keeps: the
+--apply_chat_template`` does, splits each as ``--model nugget`` does (the chat template's opening, the document,
+and the question after the last blank line), and asks every selector of the nugget study, at ratios 5 and 10,
+which tokens it keeps in both layouts ``--model nugget`` offers (one scoring pass: a selector scores the same
+tokens in both): only the document compressed, the opening kept whole (``wrapper=kept``, the authors' layout and
+the default), and the opening compressed with the document (``wrapper=compressed``, the nugget study's): the
 paper's method as shipped (``selector=trained``: its scorer, the checkpoint for that ratio), the delimiter
 stand-in, the salience peer (names and numbers, then surprisal, whole words), truncation, StreamingLLM and query-aware
 attention. A question's answer counts as kept when every
@@ -54,7 +57,7 @@ def collect(folder: Path, argv: list[str], args) -> None:
     started = time.time()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     task, docs = common.task_docs(TASK, args.limit)
-    records = [{"doc_id": i, "kept": {}} for i in range(len(docs))]
+    records = [{"doc_id": i} for i in range(len(docs))]
     for name in SELECTORS:
         for ratio in RATIOS if name == "trained" else RATIOS[:1]:  # only the trained scorer differs by ratio
             lm = get_model("nugget").create_from_arg_string(
@@ -70,6 +73,7 @@ def collect(folder: Path, argv: list[str], args) -> None:
                         f"question {record['doc_id']}: its offsets are not those of the tokens lm_eval sent"
                     )
                 n = method.split_point(lm, ids)
+                opening = method.opening_length(lm, ids, n)  # the method's default: wrapper=kept
                 answer = answer_tokens(
                     encoded["offset_mapping"],
                     prompt,
@@ -79,13 +83,20 @@ def collect(folder: Path, argv: list[str], args) -> None:
                 )
                 if not answer or answer[-1] >= n:
                     raise ValueError(f"question {record['doc_id']}: its answer is not inside the document")
-                record.update(document_tokens=n, answer_tokens=len(answer))
+                if answer[0] < opening:
+                    raise ValueError(f"question {record['doc_id']}: its answer starts inside the template's opening")
+                record.update(document_tokens=n, opening_tokens=opening, answer_tokens=len(answer))
                 with torch.inference_mode():
                     scores = method.selector.scores(lm, torch.tensor([ids[:n]], device=lm.device), ids[n:])
                 for kept_ratio in [ratio] if name == "trained" else RATIOS:
-                    indices, _ = select_topk(scores.float()[None].cpu(), torch.tensor([n]), kept_ratio)
-                    kept = set(indices[0].tolist())
-                    record["kept"][f"{name}@{kept_ratio:g}"] = sum(i in kept for i in answer)
+                    for layout, whole in (("kept", opening), ("compressed", 0)):
+                        indices, _ = select_topk(
+                            scores.float()[None].cpu(), torch.tensor([n]), kept_ratio, kept_whole=torch.tensor([whole])
+                        )
+                        kept = set(indices[0].tolist())
+                        record.setdefault(f"wrapper={layout}", {})[f"{name}@{kept_ratio:g}"] = sum(
+                            i in kept for i in answer
+                        )
             del lm, method
     save_json(folder, "answers_kept.json", records)
     record_run(folder, __file__, argv, started)
@@ -112,24 +123,84 @@ def accuracy(scores: list[float] | None) -> str:
     return f"{sum(scores) / len(scores):.3f} [{interval.low:.3f}, {interval.high:.3f}] (n = {len(scores)})"
 
 
-def render(folder: Path) -> str:
+def answers_kept(records: list[dict], layout: str, key: str) -> list[bool]:
+    """Per question: did the selector (``name@ratio``) keep every token of the answer in that layout."""
+    return [r[f"wrapper={layout}"][key] == r["answer_tokens"] for r in records]
+
+
+def share_text(kept: list[bool]) -> str:
     from decodebench.stats import wilson_interval
 
+    interval = wilson_interval(sum(kept), len(kept))
+    return f"{sum(kept) / len(kept):.3f} [{interval.low:.3f}, {interval.high:.3f}]"
+
+
+def paired_text(kept: list[bool], other: list[bool]) -> str:
+    from decodebench.stats import mcnemar_comparison
+
+    found = mcnemar_comparison([float(k) for k in kept], [float(k) for k in other])
+    return f"{found.difference:+.3f} [{found.interval.low:+.3f}, {found.interval.high:+.3f}] p={found.p_value:.2g}"
+
+
+def render(folder: Path) -> str:
     records = load_json(folder, "answers_kept.json")
     full = study_scores("full", None)
     if sorted(full) != [r["doc_id"] for r in records]:
         raise ValueError(f"{STUDY_DATA}: its {TASK} questions are not the {len(records)} this page's data has")
+
+    def mean(value) -> float:
+        return sum(value(r) for r in records) / len(records)
+
     lines = [
         *run_header(folder, "Where the answer goes: the answer's tokens each nugget selector keeps", "nugget-kept"),
         f"- task: {TASK}, n = {len(records)} real SQuAD v1.1 dev questions; the embedded SmolLM2-135M-Instruct; "
-        "prompts as `lm_eval --apply_chat_template` builds them, the document split as `--model nugget` splits it",
+        "prompts as `lm_eval --apply_chat_template` builds them, split as `--model nugget` splits them: the chat "
+        f"template's opening (its system turn and the user header, mean {mean(lambda r: r['opening_tokens']):.0f} "
+        f"tokens), the document (mean {mean(lambda r: r['document_tokens'] - r['opening_tokens']):.0f} tokens), "
+        "then the question after the last blank line, never compressed",
         f"- answer tokens: the document tokens overlapping the first reference answer (mean "
-        f"{sum(r['answer_tokens'] for r in records) / len(records):.1f}; documents mean "
-        f"{sum(r['document_tokens'] for r in records) / len(records):.0f} tokens); kept: all of them are among the "
-        "ceil(n / ratio) tokens the selector keeps",
-        "- accuracy: the nugget study's per-question scores for that selector and ratio (docs/nugget-study.md, "
-        "the same questions), split by whether the selector kept the answer; full context's accuracy on the same "
-        "split says how hard each group of questions is; 95% Wilson intervals",
+        f"{mean(lambda r: r['answer_tokens']):.1f}); kept: all of them are among the tokens the selector keeps. "
+        "`wrapper=kept` (the default, the authors' layout): the opening kept whole and ceil(n / ratio) of the "
+        "document's n tokens; `wrapper=compressed` (the nugget study's layout): ceil(n / ratio) of the opening "
+        "and document together. Both from one scoring pass: a selector scores the same tokens in both",
+        "- intervals: 95% Wilson; paired differences: McNemar exact on the same questions, with the interval it "
+        "implies",
+        "",
+        "## How often the answer is kept",
+        "",
+        "| selector | ratio | answer kept, wrapper=kept | answer kept, wrapper=compressed | kept - compressed | "
+        "wrapper=kept: vs truncation | wrapper=kept: vs streaming |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for ratio in RATIOS:
+        for name in SELECTORS:
+            key = f"{name}@{ratio:g}"
+            kept, compressed = answers_kept(records, "kept", key), answers_kept(records, "compressed", key)
+            peers = [
+                "-" if peer == name else paired_text(kept, answers_kept(records, "kept", f"{peer}@{ratio:g}"))
+                for peer in ("truncation", "streaming")
+            ]
+            lines.append(
+                f"| {name} | {ratio:g} | {share_text(kept)} | {share_text(compressed)} | "
+                f"{paired_text(kept, compressed)} | {' | '.join(peers)} |"
+            )
+    same = all(
+        answers_kept(records, "kept", f"streaming@{r:g}") == answers_kept(records, "kept", f"truncation@{r:g}")
+        for r in RATIOS
+    )
+    if same:
+        lines += [
+            "",
+            "With the opening kept whole, StreamingLLM's sinks (the sequence's first tokens) lie inside it, so it "
+            "keeps exactly the document tokens truncation keeps, question by question.",
+        ]
+    lines += [
+        "",
+        "## What the nugget study's answers do when the answer was kept, and when not",
+        "",
+        "The nugget study (docs/nugget-study.md) ran with the opening compressed (`wrapper=compressed`), so its "
+        "answers are split here by what that layout kept: each selector's accuracy on the questions whose answer it "
+        "kept and on the others, beside full context's accuracy on the same two groups (how hard each group is).",
         "",
         "| selector | ratio | answer kept [95% CI] | mean share of answer tokens kept | accuracy, answer kept | "
         "full context there | accuracy, answer dropped | full context there |",
@@ -139,16 +210,14 @@ def render(folder: Path) -> str:
         for name in SELECTORS:
             key = f"{name}@{ratio:g}"
             scores = study_scores(name, ratio)
-            kept = [r["kept"][key] == r["answer_tokens"] for r in records]
-            interval = wilson_interval(sum(kept), len(kept))
-            share = sum(r["kept"][key] / r["answer_tokens"] for r in records) / len(records)
+            kept = answers_kept(records, "compressed", key)
+            share = mean(lambda r, key=key: r["wrapper=compressed"][key] / r["answer_tokens"])
             groups = {
                 was_kept: [r["doc_id"] for r, k in zip(records, kept, strict=True) if k == was_kept]
                 for was_kept in (True, False)
             }
             lines.append(
-                f"| {name} | {ratio:g} | {sum(kept) / len(kept):.3f} [{interval.low:.3f}, {interval.high:.3f}] | "
-                f"{share:.3f} | "
+                f"| {name} | {ratio:g} | {share_text(kept)} | {share:.3f} | "
                 + " | ".join(
                     f"{accuracy(None if scores is None else [scores[i] for i in groups[g]])} | "
                     f"{accuracy([full[i] for i in groups[g]])}"

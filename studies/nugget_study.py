@@ -310,6 +310,30 @@ def read_rows(folder: Path) -> tuple[list[Row], list[float]]:
     return full + by_ratio, ratios
 
 
+def layout_line(folder: Path) -> str:
+    """What the runs compressed, from the arguments each nugget run recorded (a run from before ``wrapper`` existed
+    compressed the template's opening with the document)."""
+    layouts = set()
+    for results in (folder / "runs").glob("*/*/results_*.json"):
+        info = json.loads(results.read_text())["config"]["decodebench"]
+        if info["method"] == "nugget":
+            layouts.add(info["method_args"].get("wrapper", "compressed"))
+    if layouts == {"kept"}:
+        return (
+            "- as the authors run it (`wrapper=kept`): the chat template's opening (system turn, user header) is kept "
+            "whole, the document (from there to the prompt's last blank line) keeps ceil(n / ratio) of its n tokens, "
+            "and the question or instruction stays uncompressed"
+        )
+    if layouts == {"compressed"}:
+        return (
+            "- the chat template's opening and the document (everything before the prompt's last blank line) keep "
+            "ceil(n / ratio) of their n tokens together (`wrapper=compressed`, the only layout when these runs were "
+            "made; the authors compress the document alone, `wrapper=kept`, now the default: docs/nugget-kept.md "
+            "measures what each layout keeps); the question or instruction stays uncompressed"
+        )
+    raise ValueError(f"{folder}: its nugget runs mix layouts ({sorted(layouts)}): rerun them with one")
+
+
 def render(folder: Path) -> str:
     from decodebench.measure.machine import short_name
     from decodebench.metrics.kinds import is_binary_metric, metric_range
@@ -344,8 +368,7 @@ def render(folder: Path) -> str:
         "(greedy answers equal batch 1's: tests/test_nugget.py); tasks: squad_mini (real SQuAD v1.1 dev questions, "
         "the paper's normalized accuracy) and cnndm_mini (real CNN/DailyMail test articles in their original casing, "
         "ROUGE-Lsum)" + "".join(f", {task} n = {n}" for task, n in limits.items()),
-        "- the document (before the prompt's last blank line) keeps ceil(n / ratio) tokens; the question or "
-        "instruction stays uncompressed",
+        layout_line(folder),
         "- `trained` is the paper's method as shipped (`--model nugget`, `selector=trained`, the default): scorer on "
         "layer 3 + LoRA rank 32 encoder and decoder + soft token, straight-through estimator, zero-shot (plain text "
         "split into a part to compress and a part to continue), one checkpoint per ratio, models/nugget/weights/:",

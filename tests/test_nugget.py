@@ -29,6 +29,17 @@ def test_topk_keeps_ceil_n_over_ratio_in_text_order_with_the_last_token():
     assert nuggets_for(11, 4) == 3 and nuggets_for(0, 4) == 0 and nuggets_for(3, 10) == 1
 
 
+def test_topk_keeps_an_opening_whole_and_applies_the_ratio_to_the_document_alone():
+    """The authors compress only the document: a row's first ``w`` tokens are kept whatever they score, and eq. 15's
+    ceil(n / r) counts the other n - w."""
+    scores = torch.tensor([[0.0, 0.0, 0.0, 5.0, 1.0, 9.0, 3.0, 8.0, 2.0, 4.0], [9.0] * 10])
+    indices, mask = select_topk(scores, torch.tensor([10, 10]), ratio=3, kept_whole=torch.tensor([3, 0]))
+    assert mask.sum(dim=1).tolist() == [3 + 3, 4]  # ceil(7 / 3) = 3 nuggets beside the opening; ceil(10 / 3) = 4
+    assert indices[0].tolist() == [0, 1, 2, 5, 7, 9]  # the opening, the two best (9, 8), the forced last token
+    whole, _ = select_topk(torch.zeros(1, 4), torch.tensor([4]), ratio=2, kept_whole=torch.tensor([9]))
+    assert whole[0].tolist() == [0, 1, 2, 3]  # an opening longer than the row keeps the row, nothing more
+
+
 def test_gather_keeps_the_selected_positions_of_every_head():
     keys = torch.arange(2 * 3 * 5 * 2, dtype=torch.float32).reshape(2, 3, 5, 2)
     values = -keys
@@ -82,6 +93,13 @@ def test_every_selector_name_has_its_class():
     assert set(SELECTOR_NAMES) == set(SELECTORS) and all(SELECTORS[n].name == n for n in SELECTOR_NAMES)
 
 
+def read_context(row: int) -> str:
+    from decodebench.paths import TASKS_DIR
+    from decodebench.taskdata import read_records
+
+    return read_records(TASKS_DIR / "squad" / "squad_mini.jsonl")[row]["context"]
+
+
 @pytest.mark.model
 class TestNuggetModel:
     @pytest.fixture(scope="class")
@@ -129,6 +147,28 @@ class TestNuggetModel:
             s = rec.method_stats
             assert s["nuggets"] == -(-s["document_tokens"] // 10)
             assert s["document_kv_bytes_kept"] * s["document_tokens"] == s["document_kv_bytes_full"] * s["nuggets"]
+
+    @pytest.mark.parametrize("selector", ["delimiter", "salience", "truncation", "query-attention"])
+    def test_only_the_document_is_compressed_the_templates_opening_kept_whole(self, prompts, selector):
+        """As the authors run it, for every selector: the chat template's system turn and user header are kept as
+        they are, the ratio applies to the document (from the context's first word to the blank line), the
+        question is fed after; ``wrapper=compressed`` compresses the opening with the document."""
+        reqs, _ = prompts
+        model = self.nugget(selector=selector, ratio=10)
+        prompt = model.tok_encode(reqs[0].args[0])
+        row = model.method.compress(model, prompt)
+        opening, document = row.stats["opening_tokens"], row.stats["document_tokens"]
+        text = model.tokenizer.decode
+        assert text(prompt[:opening]).endswith("<|im_start|>user\n") and "system" in text(prompt[:opening])
+        assert text(prompt[opening : opening + document]).startswith(read_context(0)[:40])
+        assert (
+            row.stats["nuggets"] == -(-document // 10) and row.layers[0][0].shape[2] == opening + row.stats["nuggets"]
+        )
+        assert row.start == opening + document and text(row.tail).lstrip().startswith("Based on the provided document")
+        together = self.nugget(selector=selector, ratio=10, wrapper="compressed").method.compress(model, prompt)
+        assert together.stats["opening_tokens"] == 0 and together.stats["document_tokens"] == opening + document
+        plain = model.tok_encode(read_context(0) + "\n\nWhat is it about?")  # no template: nothing before it
+        assert model.method.opening_length(model, plain, model.method.split_point(model, plain)) == 0
 
     @pytest.mark.parametrize("selector", ["delimiter", "salience", "query-attention"])
     def test_a_batch_decodes_what_each_row_decodes_alone(self, prompts, selector):

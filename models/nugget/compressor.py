@@ -156,13 +156,17 @@ def cache_bytes(cache) -> int:
     return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
 
 
-def encode_nuggets(model, document: torch.Tensor, scores: torch.Tensor, ratio: float, encoder: bool) -> Nuggets:
+def encode_nuggets(
+    model, document: torch.Tensor, scores: torch.Tensor, ratio: float, encoder: bool, kept_whole: int = 0
+) -> Nuggets:
     """Encode ``document`` [1, n] (with the encoder adapter when ``encoder``) and keep ``ceil(n / ratio)``
-    positions of every layer, chosen by ``scores`` [n] (eqs. 14-15)."""
+    positions of every layer, chosen by ``scores`` [n] (eqs. 14-15); with ``kept_whole = w``, its first ``w``
+    tokens (the prompt's opening) are kept as they are and the ratio applies to the other ``n - w``."""
     from transformers import DynamicCache
 
-    n = document.shape[1]
-    indices, _ = select_topk(scores.detach()[None], torch.tensor([n], device=document.device), ratio)
+    n, device = document.shape[1], document.device
+    whole = torch.tensor([kept_whole], device=device)
+    indices, _ = select_topk(scores.detach()[None], torch.tensor([n], device=device), ratio, kept_whole=whole)
     cache = DynamicCache(config=model.config)
     adapters = NuggetAdapters.attached(model)
     if encoder:

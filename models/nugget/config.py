@@ -30,7 +30,15 @@ class NuggetConfig(MethodConfig):
         "with a checkpoint: build and read the nuggets with its LoRA adapters and soft token (the paper's method); "
         "false: its scorer alone on the frozen model (ablation)",
     )
-    split: str = option("\n\n", "the document is the prompt before the last occurrence of this marker")
+    split: str = option("\n\n", "the document ends at the last occurrence of this marker (the question follows it)")
+    wrapper: str = option(
+        "kept",
+        "what comes before the document (the chat template's opening: its system turn and the user turn's header; "
+        "a plain prompt's BOS): kept (as the authors run it: only the document is compressed, for every selector) "
+        "or compressed (with the document, the layout the shipped compressors were trained with and "
+        "docs/nugget-study.md ran)",
+        choices=("kept", "compressed"),
+    )
     sinks: int = option(4, "first tokens the streaming selector always keeps", check=at_least(0))
 
     def validated(self) -> NuggetConfig:

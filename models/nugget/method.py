@@ -1,11 +1,15 @@
 """``lm_eval --model nugget``: answer from a context kept as nuggets (Qin et al., compressor mode).
 
-For each request the prompt is split into the *document* (everything before the last
-occurrence of ``split``, a blank line in decodebench's squad and cnndm tasks) and the *tail*
-(the instruction or question, and the chat template's closing tokens). Then:
+For each request the prompt is split into the *opening* (the chat template's opening: its system turn and the
+user turn's header, or a plain prompt's leading special tokens), the *document* (from there to the last
+occurrence of ``split``, a blank line in decodebench's squad and cnndm tasks) and the *tail* (the instruction or
+question, and the chat template's closing tokens). As the authors run it, only the document is compressed
+(``wrapper=kept``; ``wrapper=compressed`` compresses the opening with it, the layout the shipped compressors were
+trained with). Then:
 
-1. a selector (models/nugget/selectors.py) scores the document's tokens, and
-   ``kernels.nugget.select_topk`` keeps ``ceil(n / ratio)`` of them (the last one always);
+1. a selector (models/nugget/selectors.py) scores the tokens before the tail, and
+   ``kernels.nugget.select_topk`` keeps the opening whole and ``ceil(n / ratio)`` of the document's ``n``
+   tokens (the last one always);
 2. the document is encoded alone (with a trained checkpoint: by its encoder adapter), so nothing
    downstream ever sees its dropped tokens, and every layer's cache keeps only the kept positions
    (models/nugget/compressor.py); keys were cached after the rotary embedding, so the nuggets
@@ -41,7 +45,7 @@ class Compressed:
     """One row ready to decode: its document's nuggets, where the text after them starts, and that text."""
 
     layers: list[tuple[torch.Tensor, torch.Tensor]] | None  # per layer keys, values [1, heads, k, dim]; None: as is
-    start: int  # the position of the first tail token (the document's length; 0 for a row left as it is)
+    start: int  # the position of the first tail token (the opening's and document's length; 0 for a row as it is)
     tail: list[int]
     stats: dict[str, Any]
 
@@ -84,6 +88,31 @@ def decode_together(lm, rows: list[Compressed], adapters, stops: list[RowStop], 
     return [stop.truncate(tokens) for stop, tokens in zip(stops, generated, strict=True)], first_token_at
 
 
+def tokens_before(texts: list[str], end: int) -> int:
+    """How many of the tokens whose texts are ``texts`` start before character ``end`` of their joined text."""
+    position = 0
+    for index, text in enumerate(texts):  # the first token that starts at or after ``end``
+        if position >= end:
+            return index
+        position += len(text)
+    return len(texts)
+
+
+PLACEHOLDER = "\u2063decodebench-document\u2063"
+
+
+def user_turn_header(tokenizer) -> str:
+    """What the chat template writes right before a user's text: from the last special token before it (for
+    SmolLM2, ``<|im_start|>user\\n``); "" without a chat template or a special token there."""
+    try:
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": PLACEHOLDER}], tokenize=False)
+    except (ValueError, TypeError, AttributeError):  # no chat template
+        return ""
+    before = rendered[: rendered.find(PLACEHOLDER)] if PLACEHOLDER in rendered else ""
+    starts = [before.rfind(token) for token in tokenizer.all_special_tokens if token]
+    return before[max(starts) :] if starts and max(starts) >= 0 else ""
+
+
 class Nugget(RowDecodingMethod):
     name = "nugget"
     label = "nugget-compressed context (Qin et al.)"
@@ -108,18 +137,24 @@ class Nugget(RowDecodingMethod):
         self.generator = torch.Generator(device=lm.device).manual_seed(1234)  # on the sampling device
 
     def split_point(self, lm, prompt: list[int]) -> int:
-        """Number of leading tokens that form the document (0: no split marker)."""
-        marker = self.config.split
+        """Number of leading tokens that come before the tail: the opening and the document (0: no split marker)."""
         texts = [lm.tokenizer.decode([token]) for token in prompt]
-        at = "".join(texts).rfind(marker)
-        if at < 0:
+        at = "".join(texts).rfind(self.config.split)
+        return 0 if at < 0 else tokens_before(texts, at + len(self.config.split))
+
+    def opening_length(self, lm, prompt: list[int], n: int) -> int:
+        """Leading tokens of the ``n`` before the tail that are the prompt's opening, not its document (0 with
+        ``wrapper=compressed``): up to the end of the last user turn's header the chat template writes (found by
+        rendering the template around a placeholder), else the prompt's leading special tokens (a BOS)."""
+        if self.config.wrapper == "compressed" or not n:
             return 0
-        end, position = at + len(marker), 0
-        for index, text in enumerate(texts):  # the first token that starts at or after the marker's end
-            if position >= end:
-                return index
-            position += len(text)
-        return len(prompt)
+        texts = [lm.tokenizer.decode([token]) for token in prompt[:n]]
+        header = user_turn_header(lm.tokenizer)
+        at = "".join(texts).rfind(header) if header else -1
+        if at >= 0:
+            return tokens_before(texts, at + len(header))
+        special = set(lm.tokenizer.all_special_ids)
+        return next((i for i, token in enumerate(prompt[:n]) if token not in special), n)
 
     # -- decoding: every row compressed on its own, then the batch decoded together -----------------------------
     def compress(self, lm, prompt: list[int]) -> Compressed:
@@ -127,20 +162,24 @@ class Nugget(RowDecodingMethod):
         nothing to compress (no split marker, a document shorter than the ratio)."""
         model, device, ratio = lm.model, lm.device, self.config.ratio
         n = self.split_point(lm, prompt)
-        document, tail = prompt[:n], prompt[n:]
-        if not (self.selector.compresses and n >= ratio and nuggets_for(n, ratio) < n and tail):
+        opening = self.opening_length(lm, prompt, n)
+        document, tail = n - opening, prompt[n:]
+        if not (self.selector.compresses and document >= ratio and nuggets_for(document, ratio) < document and tail):
             return Compressed(None, 0, prompt, {"document_tokens": 0, "tail_tokens": len(prompt)})
-        ids = torch.tensor([document], device=device)
+        ids = torch.tensor([prompt[:n]], device=device)
         scores = self.selector.scores(lm, ids, tail).to(device)
-        nuggets = encode_nuggets(model, ids, scores, ratio, encoder=self.selector.adapters is not None)
-        kept = nuggets.indices.shape[1]
+        encoder = self.selector.adapters is not None
+        nuggets = encode_nuggets(model, ids, scores, ratio, encoder=encoder, kept_whole=opening)
+        kept = nuggets.indices.shape[1] - opening
         stats = {
-            "document_tokens": n,
+            "opening_tokens": opening,
+            "document_tokens": document,
             "tail_tokens": len(tail),
             "nuggets": kept,
-            "achieved_ratio": n / kept,
-            "document_kv_bytes_full": nuggets.full_kv_bytes,
-            "document_kv_bytes_kept": cache_bytes(nuggets.cache),
+            "achieved_ratio": document / kept,
+            # every position holds the same bytes: the document's share, the opening left out
+            "document_kv_bytes_full": nuggets.full_kv_bytes * document // n,
+            "document_kv_bytes_kept": cache_bytes(nuggets.cache) * kept // (kept + opening),
         }
         layers = [(layer.keys, layer.values) for layer in nuggets.cache.layers]
         return Compressed(layers, n, tail, stats)
