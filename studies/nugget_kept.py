@@ -35,6 +35,11 @@ SELECTORS = ("trained", "delimiter", "salience", "truncation", "streaming", "que
 RATIOS = (5.0, 10.0)
 TASK = "squad_mini"
 STUDY_DATA = common.DATA / "nugget-study"
+# the nugget study run in each layout: its page, and its data folder
+STUDIES = {
+    "compressed": ("docs/nugget-study.md", STUDY_DATA),
+    "kept": ("docs/nugget-study-kept.md", common.DATA / "nugget-study-kept"),
+}
 
 
 def answer_tokens(offsets: list[tuple[int, int]], prompt: str, context: str, start: int, answer: str) -> list[int]:
@@ -102,11 +107,11 @@ def collect(folder: Path, argv: list[str], args) -> None:
     record_run(folder, __file__, argv, started)
 
 
-def study_scores(name: str, ratio: float | None) -> dict[int, float] | None:
+def study_scores(name: str, ratio: float | None, data: Path = STUDY_DATA) -> dict[int, float] | None:
     """The nugget study's per-question accuracy for one row, by doc_id (None: the study has not run it)."""
     from nugget_study import Row, folder_name
 
-    run = STUDY_DATA / "runs" / folder_name(name, ratio) / TASK
+    run = data / "runs" / folder_name(name, ratio) / TASK
     if not run.is_dir():
         return None
     return Row(name, ratio, [kept_results(run)]).scores[TASK]
@@ -140,6 +145,43 @@ def paired_text(kept: list[bool], other: list[bool]) -> str:
 
     found = mcnemar_comparison([float(k) for k in kept], [float(k) for k in other])
     return f"{found.difference:+.3f} [{found.interval.low:+.3f}, {found.interval.high:+.3f}] p={found.p_value:.2g}"
+
+
+def accuracy_section(records: list[dict], full: dict[int, float], layout: str, study_page: str, data: Path) -> list:
+    """The nugget study run with ``wrapper=layout``: each selector's accuracy on the questions whose answer that
+    layout kept and on the others, beside full context's on the same two groups."""
+    lines = [
+        "",
+        f"## wrapper={layout}: what the nugget study's answers do when the answer was kept, and when not",
+        "",
+        f"The nugget study run with `wrapper={layout}` ({study_page}); its answers split by what that layout kept: "
+        "each selector's accuracy on the questions whose answer it kept and on the others, beside full context's "
+        "accuracy on the same two groups (how hard each group is).",
+        "",
+        "| selector | ratio | answer kept [95% CI] | mean share of answer tokens kept | accuracy, answer kept | "
+        "full context there | accuracy, answer dropped | full context there |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for ratio in RATIOS:
+        for name in SELECTORS:
+            key = f"{name}@{ratio:g}"
+            scores = study_scores(name, ratio, data)
+            kept = answers_kept(records, layout, key)
+            share = sum(r[f"wrapper={layout}"][key] / r["answer_tokens"] for r in records) / len(records)
+            groups = {
+                was_kept: [r["doc_id"] for r, k in zip(records, kept, strict=True) if k == was_kept]
+                for was_kept in (True, False)
+            }
+            lines.append(
+                f"| {name} | {ratio:g} | {share_text(kept)} | {share:.3f} | "
+                + " | ".join(
+                    f"{accuracy(None if scores is None else [scores[i] for i in groups[g]])} | "
+                    f"{accuracy([full[i] for i in groups[g]])}"
+                    for g in (True, False)
+                )
+                + " |"
+            )
+    return lines
 
 
 def render(folder: Path) -> str:
@@ -194,37 +236,9 @@ def render(folder: Path) -> str:
             "With the opening kept whole, StreamingLLM's sinks (the sequence's first tokens) lie inside it, so it "
             "keeps exactly the document tokens truncation keeps, question by question.",
         ]
-    lines += [
-        "",
-        "## What the nugget study's answers do when the answer was kept, and when not",
-        "",
-        "The nugget study (docs/nugget-study.md) ran with the opening compressed (`wrapper=compressed`), so its "
-        "answers are split here by what that layout kept: each selector's accuracy on the questions whose answer it "
-        "kept and on the others, beside full context's accuracy on the same two groups (how hard each group is).",
-        "",
-        "| selector | ratio | answer kept [95% CI] | mean share of answer tokens kept | accuracy, answer kept | "
-        "full context there | accuracy, answer dropped | full context there |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for ratio in RATIOS:
-        for name in SELECTORS:
-            key = f"{name}@{ratio:g}"
-            scores = study_scores(name, ratio)
-            kept = answers_kept(records, "compressed", key)
-            share = mean(lambda r, key=key: r["wrapper=compressed"][key] / r["answer_tokens"])
-            groups = {
-                was_kept: [r["doc_id"] for r, k in zip(records, kept, strict=True) if k == was_kept]
-                for was_kept in (True, False)
-            }
-            lines.append(
-                f"| {name} | {ratio:g} | {share_text(kept)} | {share:.3f} | "
-                + " | ".join(
-                    f"{accuracy(None if scores is None else [scores[i] for i in groups[g]])} | "
-                    f"{accuracy([full[i] for i in groups[g]])}"
-                    for g in (True, False)
-                )
-                + " |"
-            )
+    for layout, (study_page, data) in STUDIES.items():
+        if data.is_dir():
+            lines += accuracy_section(records, full, layout, study_page, data)
     return "\n".join(lines) + "\n"
 
 

@@ -42,16 +42,20 @@ from kvpress_peers import PRESSES
 from decodebench.runs import LmEvalRun, offline_env
 
 TASKS = {"squad_mini": ("normalized_accuracy", "accuracy"), "cnndm_mini": ("rougeLsum", "ROUGE-Lsum")}
-OURS = ("trained", "scorer only", "delimiter", "truncation", "streaming", "query-attention")
+OURS = ("trained", "scorer only", "delimiter", "salience", "truncation", "streaming", "query-attention")
 THROUGHPUT_TASK = "squad_mini"
 
 
-def nugget_run(name: str, ratio: float | None, task: str, output_path: Path, **options) -> LmEvalRun:
-    """``lm_eval --model nugget`` on the embedded model for one row of the study (``name`` at ``ratio``)."""
+def nugget_run(
+    name: str, ratio: float | None, task: str, output_path: Path, wrapper: str = "kept", **options
+) -> LmEvalRun:
+    """``lm_eval --model nugget`` on the embedded model for one row of the study (``name`` at ``ratio``; what comes
+    before the document ``wrapper``: kept whole or compressed with it)."""
     selector = {"selector": "trained", "adapters": "false"} if name == "scorer only" else {"selector": name}
+    compressed = {"ratio": f"{ratio:g}", "wrapper": wrapper} if ratio else {}
     return LmEvalRun(
         model="nugget",
-        model_args={"pretrained": "embedded", **selector, **({"ratio": f"{ratio:g}"} if ratio else {})},
+        model_args={"pretrained": "embedded", **selector, **compressed},
         tasks=[task],
         output_path=output_path,
         **options,
@@ -127,19 +131,28 @@ class Row:
 
 
 def run_lm_eval(
-    out: Path, name: str, ratio: float | None, task: str, limit: int | None, batch: int, weights: str | None = None
+    out: Path,
+    name: str,
+    ratio: float | None,
+    task: str,
+    limit: int | None,
+    batch: int,
+    weights: str | None = None,
+    wrapper: str = "kept",
 ):
     """One lm_eval run (reused when a finished one is under ``out``: delete its folder to redo it). A run of a
     trained checkpoint is kept under its sha256 (``weights``), so retrained weights are never answered by an old
-    run."""
+    run; a compressed run under its layout (``wrapper``)."""
     folder = out / folder_name(name, ratio) / f"{task}-limit{limit or 'all'}-batch{batch}"
+    if ratio:
+        folder = folder.with_name(f"{folder.name}-wrapper-{wrapper}")
     if weights:
         folder = folder.with_name(f"{folder.name}-weights{weights[:12]}")
     existing = sorted(folder.glob("**/results_*.json"))
     if existing:
         print(f"{label(name, ratio)}, {task}: reusing {existing[-1]}", flush=True)
         return existing[-1]
-    run = nugget_run(name, ratio, task, folder, limit=limit, batch_size=batch)
+    run = nugget_run(name, ratio, task, folder, wrapper=wrapper, limit=limit, batch_size=batch)
     return run.run_or_raise(f"{label(name, ratio)}, {task}")
 
 
@@ -224,7 +237,7 @@ def collect(folder: Path, argv: list[str], args) -> None:
     for name, ratio in runs:
         for task, limit in args.limit.items():
             weights = checkpoints[f"{ratio:g}"]["sha256"] if name in ("trained", "scorer only") else None
-            results = run_lm_eval(out, name, ratio, task, limit, args.batch_size, weights)
+            results = run_lm_eval(out, name, ratio, task, limit, args.batch_size, weights, args.wrapper)
             keep_lm_eval_run(results, folder / "runs" / folder_name(name, ratio) / task)
     if args.kvpress_python:
         for ratio in args.ratios:
@@ -252,6 +265,7 @@ def measure_throughput(out: Path, args) -> dict:
                     ratio,
                     THROUGHPUT_TASK,
                     out / f"round{round_}" / f"batch{batch}" / folder_name(name, ratio),
+                    wrapper=args.wrapper,
                     limit=args.throughput_limit,
                     batch_size=batch,
                     gen_kwargs=f"max_gen_toks={args.throughput_max_gen_toks}",
@@ -316,7 +330,7 @@ def layout_line(folder: Path) -> str:
     layouts = set()
     for results in (folder / "runs").glob("*/*/results_*.json"):
         info = json.loads(results.read_text())["config"]["decodebench"]
-        if info["method"] == "nugget":
+        if info["method"] == "nugget" and info["method_args"]["selector"] != "full":  # full compresses nothing
             layouts.add(info["method_args"].get("wrapper", "compressed"))
     if layouts == {"kept"}:
         return (
@@ -378,8 +392,14 @@ def render(folder: Path) -> str:
             if "scorer only" in names
             else "- "
         )
-        + "`delimiter` is the training-free, query-independent stand-in; `query-attention` (query-aware, SnapKV's "
-        "kin), `truncation` and `streaming` (StreamingLLM, 4 sinks) are the training-free peers",
+        + "`delimiter` is the training-free, query-independent stand-in; "
+        + (
+            "`salience` (names and numbers, then surprisal, whole words: query-independent, ours), "
+            if "salience" in names
+            else ""
+        )
+        + "`query-attention` (query-aware, SnapKV's kin), `truncation` and `streaming` (StreamingLLM, 4 sinks) are "
+        "the training-free peers",
         "- interval: 95% (Wilson with continuity correction for accuracy, Student's t for ROUGE); vs full: paired on "
         "the same documents (McNemar exact for accuracy, the paired sign-flip permutation test for ROUGE, with the "
         "interval each implies); KV: the document's kept key/value bytes per row; TTFT: p50 over rows; peak memory: "
@@ -635,6 +655,12 @@ def main(argv: list[str] | None = None) -> int:
         help="documents per task: N for both, or squad_mini=N,cnndm_mini=M (default: all)",
     )
     parser.add_argument("--batch-size", type=int, default=8, help="batch size of the quality runs (default 8)")
+    parser.add_argument(
+        "--wrapper",
+        choices=("kept", "compressed"),
+        default="kept",
+        help="what comes before the document: kept whole (the authors' layout, the default) or compressed with it",
+    )
     parser.add_argument("--kvpress-python", default=None, help="python of an environment with kvpress")
     parser.add_argument(
         "--selectors",

@@ -104,9 +104,11 @@ PLACEHOLDER = "\u2063decodebench-document\u2063"
 def user_turn_header(tokenizer) -> str:
     """What the chat template writes right before a user's text: from the last special token before it (for
     SmolLM2, ``<|im_start|>user\\n``); "" without a chat template or a special token there."""
+    from jinja2 import TemplateError
+
     try:
         rendered = tokenizer.apply_chat_template([{"role": "user", "content": PLACEHOLDER}], tokenize=False)
-    except (ValueError, TypeError, AttributeError):  # no chat template
+    except (ValueError, TypeError, AttributeError, TemplateError):  # no chat template, or one that refuses this
         return ""
     before = rendered[: rendered.find(PLACEHOLDER)] if PLACEHOLDER in rendered else ""
     starts = [before.rfind(token) for token in tokenizer.all_special_tokens if token]
