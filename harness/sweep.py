@@ -2,7 +2,7 @@
 
 Served decoding is judged at the load it will carry: this command runs ``--model M`` and ``--model baseline``
 with ``backend=served`` against the same ``base_url`` at each load, numbers of requests in flight
-(``--concurrency``, closed loop) or request rates (``--request-rates``, open loop: models/served_load.py, with
+(``--concurrency``, closed loop) or request rates (``--request-rates``, open loop: models/backends/served_load.py, with
 GuideLLM's two ends by name: ``synchronous``, one request at a time, and ``throughput``, every request at once), in
 rounds whose order alternates (the levels forwards, then backwards; within a level, baseline and method
 alternating), through the real ``lm_eval``, after one untimed pass of every prompt (so that the server's prefix
@@ -60,7 +60,7 @@ class Level:
         return ({SYNCHRONOUS: 0, THROUGHPUT: 2}.get(self.kind, 1), self.value or 0)
 
     def args(self) -> dict[str, str]:
-        from decodebench.models.served_load import MAX_REQUEST_RATE
+        from decodebench.models.backends.served_load import MAX_REQUEST_RATE
 
         shared = dict(self.load_args)
         if self.kind == SYNCHRONOUS:  # a closed loop: the open loop's arrival shape does not apply
@@ -99,7 +99,7 @@ def parse_levels(
     """The sweep's loads, or a UsageError naming what is wrong and what is allowed."""
     import math
 
-    from decodebench.models.served_load import parse_slo
+    from decodebench.models.backends.served_load import parse_slo
 
     if concurrency and request_rates:
         raise UsageError("give --concurrency (closed loop) or --request-rates (open loop), not both")
@@ -122,7 +122,7 @@ def parse_levels(
     def allowed(value: float) -> bool:  # a rate is any finite number > 0, a concurrency a whole one >= 1
         return math.isfinite(value) and value > 0 and (kind == "rate" or (value == int(value) and value >= 1))
 
-    from decodebench.models.served_load import MAX_REQUEST_RATE
+    from decodebench.models.backends.served_load import MAX_REQUEST_RATE
 
     named = [part for part in parts if part in words]
     if (not values and not named) or not all(allowed(value) for value in values) or len(set(named)) < len(named):

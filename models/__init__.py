@@ -1,1 +1,1 @@
-"""lm-eval model classes: an instrumented base per backend, the baseline and the methods."""
+"""lm-eval model classes: the method contract, the backends (``backends/``), the baseline and one folder per method."""

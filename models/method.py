@@ -2,9 +2,10 @@
 
 A *method* (``Method``) is a small class: its name on the command line, a label that says what it
 is, its typed configuration (``models/config.py``), the backends it runs on, what the main job
-runs of it (``demo_model_args``), and hooks that the backends call. A *backend*
-(``models/hf.py`` over lm-eval's ``HFLM``, ``models/vllm.py`` over its ``VLLM``, ``models/served.py`` over its
-``LocalCompletionsAPI``; what they share is in ``models/backend.py``, their table by name in ``models/registry.py``)
+runs of it (``demo_model_args``), and hooks that the backends call. A *backend* (``models/backends/``:
+``hf.py`` over lm-eval's ``HFLM``, ``vllm.py`` over its ``VLLM``, ``served.py`` over its ``LocalCompletionsAPI``;
+what they share, the one ``generate_until``, is in ``models/backends/base.py``, their table by name in
+``models/registry.py``)
 resolves ``pretrained`` (default: the embedded model), loads the
 model, measures every ``generate_until`` request, and asks its method what to do; it never names
 a method, and no method imports a backend: a hook receives the backend as ``lm``, and uses only

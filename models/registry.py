@@ -24,9 +24,9 @@ METHODS = {
 }
 ENTRY_POINT_GROUP = "decodebench.methods"
 BACKENDS = {
-    "hf": "decodebench.models.hf:HFBackend",
-    "vllm": "decodebench.models.vllm:VLLMBackend",
-    "served": "decodebench.models.served:ServedBackend",
+    "hf": "decodebench.models.backends.hf:HFBackend",
+    "vllm": "decodebench.models.backends.vllm:VLLMBackend",
+    "served": "decodebench.models.backends.served:ServedBackend",
 }
 
 

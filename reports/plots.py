@@ -159,7 +159,7 @@ def load_plot(rows: list[Row]) -> str | None:
 def offered_load(row: Row) -> float:
     """An open-loop run's offered requests/s; for one that sent every request at once (a sweep's throughput end, at
     the open loop's highest rate), the requests/s it was answered at, where the server set the pace."""
-    from decodebench.models.served_load import MAX_REQUEST_RATE
+    from decodebench.models.backends.served_load import MAX_REQUEST_RATE
 
     rate = row.run.request_rate
     measured = row.measurement or {}

@@ -35,9 +35,13 @@ def timed(run: LmEvalRun) -> float:
 # (what decodebench does, the function whose cumulative time it is, lm-eval's own part inside it to subtract)
 HF = "lm_eval/models/huggingface.py"
 OWN_WORK = (
-    ("around generation (windows, records)", "decodebench/models/hf.py:generate_until", f"{HF}:_model_generate"),
-    ("model set-up beyond HFLM's (meters, checks)", "decodebench/models/hf.py:__init__", f"{HF}:__init__"),
-    ("the results' description of the run", "decodebench/models/hf.py:get_model_info", f"{HF}:get_model_info"),
+    (
+        "around generation (windows, records)",
+        "decodebench/models/backends/base.py:generate_until",
+        f"{HF}:_model_generate",
+    ),
+    ("model set-up beyond HFLM's (meters, checks)", "decodebench/models/backends/hf.py:__init__", f"{HF}:__init__"),
+    ("the results' description of the run", "decodebench/models/backends/hf.py:get_model_info", f"{HF}:get_model_info"),
     ("measurements added to the samples log", "decodebench/measure/recorder.py:annotate_samples", None),
     ("checks of --gen_kwargs", "decodebench/lmeval_plugin.py:simple_evaluate", "lm_eval/evaluator.py:simple_evaluate"),
 )

@@ -161,7 +161,7 @@ def test_a_rate_sweep_runs_from_synchronous_to_throughput_and_names_the_heaviest
     """GuideLLM's ends by name: synchronous is a closed loop of one request (no arrival shape), throughput the open
     loop's highest rate (every request at once); they sort around the rates, keep their names through the output
     folders, and the heaviest load kept may be either, reported with the requests/s it answered."""
-    from decodebench.models.served_load import MAX_REQUEST_RATE
+    from decodebench.models.backends.served_load import MAX_REQUEST_RATE
     from decodebench.sweep import Level, highest_rate_kept, markdown, parse_levels, pooled_slo
 
     levels = parse_levels(None, "throughput,2,synchronous,0.5", "0.5", "ttft:500")

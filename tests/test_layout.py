@@ -9,13 +9,41 @@ from pathlib import Path
 
 from conftest import REPO
 
+BACKENDS_PACKAGE = "decodebench.models.backends"
+
 
 def backend_modules() -> tuple[str, ...]:
-    """Every backend's module (models/registry.py's table), what they share, and vLLM's CPU fix."""
+    """The backends' room: every backend, what they share, the served load and vLLM's CPU fix."""
+    return (BACKENDS_PACKAGE,)
+
+
+def test_every_backend_lives_in_the_backends_room():
+    """A backend anywhere else would escape the checks below (a method importing it would not be caught)."""
     from decodebench.models.registry import BACKENDS
 
-    shared = ("decodebench.models.backend", "decodebench.models.vllm_cpu_fix")
-    return (*sorted(target.partition(":")[0] for target in BACKENDS.values()), *shared)
+    outside = [target for target in BACKENDS.values() if not target.startswith(BACKENDS_PACKAGE + ".")]
+    assert not outside, f"backends outside models/backends/: {outside}"
+    room = {p.stem for p in (REPO / "models" / "backends").glob("*.py")}
+    assert {"base", "hf", "vllm", "served"} <= room
+
+
+def test_every_backend_runs_the_one_generate_until():
+    """The skeleton (settings checked first, task by task, every answer cached as it comes, none missing) is written
+    once, in models/backends/base.py; a backend writes only its steps."""
+    from decodebench.models.backends.base import BackendLM
+    from decodebench.models.registry import BACKENDS, load_backend
+
+    own = {
+        name: sorted({"generate_until", "batches", "generate_batch_measured"} & set(vars(load_backend(name))))
+        for name in BACKENDS
+        if name != "vllm"  # needs vLLM installed: its source is read below instead
+    }
+    assert all("generate_until" not in names and "generate_batch_measured" in names for names in own.values()), own
+    for path in (REPO / "models" / "backends").glob("*.py"):
+        if path.stem != "base":
+            defined = {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)}
+            assert "generate_until" not in defined, f"{path.name} writes its own generate_until"
+    assert "generate_until" in vars(BackendLM)
 
 
 def backend_names_compared(path: Path) -> list[str]:
@@ -51,7 +79,8 @@ def imported_modules(path: Path) -> set[str]:
 
 def method_sources() -> list[Path]:
     models = REPO / "models"
-    return [*sorted(p for p in models.glob("*/*.py")), models / "rows.py", models / "method.py", models / "baseline.py"]
+    folders = sorted(p for p in models.glob("*/*.py") if p.parent.name != "backends")
+    return [*folders, models / "rows.py", models / "method.py", models / "baseline.py"]
 
 
 def test_methods_import_no_backend_and_no_metric():
@@ -69,8 +98,8 @@ def test_methods_import_no_backend_and_no_metric():
 
 def test_the_check_sees_an_offending_import(tmp_path):
     sample = tmp_path / "sample.py"
-    sample.write_text("def f():\n    from decodebench.models.hf import HFBackend\n")
-    assert "decodebench.models.hf" in imported_modules(sample)
+    sample.write_text("def f():\n    from decodebench.models.backends.hf import HFBackend\n")
+    assert "decodebench.models.backends.hf" in imported_modules(sample)
 
 
 def test_methods_ask_backends_for_capabilities_not_names():

@@ -205,7 +205,7 @@ def test_a_self_draft_deeper_than_the_target_is_refused(mtad):
     ],
 )
 def test_a_draft_that_cannot_work_is_refused_before_the_model_loads(tiny_checkpoint, draft, message, monkeypatch):
-    from decodebench.models.hf import HFBackend
+    from decodebench.models.backends.hf import HFBackend
     from decodebench.models.mtad import MTAD
 
     monkeypatch.setattr(HFBackend, "__init__", lambda *a, **k: pytest.fail("the model was loaded"))

@@ -554,11 +554,11 @@ def test_the_tracker_is_built_into_engines_that_speculate_where_vllm_builds_no_c
 
 
 def test_on_the_cpu_build_each_requests_temperature_reaches_its_draft_positions():
-    """vLLM 0.32.0's CPU fallback leaves a float expansion uninitialized (models/vllm_cpu_fix.py); fixed, the
+    """vLLM 0.32.0's CPU fallback leaves a float expansion uninitialized (models/backends/vllm_cpu_fix.py); fixed, the
     temperatures and top-p values of a batch land on their requests' draft positions, greedy ones replaced by 1."""
     from vllm.v1.sample import rejection_sampler
 
-    from decodebench.models import vllm_cpu_fix
+    from decodebench.models.backends import vllm_cpu_fix
 
     vllm_cpu_fix.register()
     assert rejection_sampler.expand_batch_to_tokens is vllm_cpu_fix.expand_batch_to_tokens

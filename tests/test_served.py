@@ -280,8 +280,8 @@ def test_bad_input_and_faults_say_what_happened(server, tmp_path):
 
     import aiohttp
 
+    from decodebench.models.backends.served import ServedError
     from decodebench.models.baseline import Baseline
-    from decodebench.models.served import ServedError
 
     client = Baseline.create({"backend": "served", "pretrained": "embedded", "base_url": server.base_url})
     payload = {"model": client.model, "prompt": "Count to ten:", "max_tokens": 4, "vllm_xargs": {"lz_penalty": -1}}
@@ -310,7 +310,7 @@ def test_decodebench_serve_refuses_a_taken_port_before_starting_anything(tmp_pat
 
 def test_decodebench_serve_reads_model_lengths_as_vllm_does(embedded_checkpoint, monkeypatch):
     from decodebench import serve
-    from decodebench.models import vllm as vllm_backend
+    from decodebench.models.backends import vllm as vllm_backend
 
     asked = []
     monkeypatch.setattr(vllm_backend, "cpu_kv_cache_bytes", lambda model, length: asked.append(length) or 1)

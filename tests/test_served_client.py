@@ -10,7 +10,7 @@ import pytest
 from conftest import console_script, explain, fake_requests, results_files, run_command
 from fake_openai import GOOD_TOKENS, FakeOpenAI
 
-from decodebench.models.served import ServedError
+from decodebench.models.backends.served import ServedError
 
 
 def served_lm(server: FakeOpenAI, tokenizer, method: str = "baseline", **args):
@@ -140,7 +140,7 @@ def test_lm_eval_against_a_server_sending_garbage_fails_naming_it_and_keeps_noth
     rerun sent no request at all."""
     from sqlitedict import SqliteDict
 
-    from decodebench.models.backend import CACHE_IDENTITY_KEY
+    from decodebench.models.backends.base import CACHE_IDENTITY_KEY
 
     server.mode = "plain json"
     cache = tmp_path / "cache" / "lm"

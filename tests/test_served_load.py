@@ -12,7 +12,7 @@ from conftest import fake_requests
 from fake_openai import GOOD_TOKENS, FakeOpenAI
 from test_served_client import served_lm
 
-from decodebench.models.served_load import Load, arrival_times, parse_slo
+from decodebench.models.backends.served_load import Load, arrival_times, parse_slo
 
 
 @pytest.mark.parametrize("burstiness", [1.0, 0.5, 4.0])
@@ -73,7 +73,7 @@ def test_an_open_loop_run_records_its_schedule_and_never_sends_early(tiny_checkp
 
 def test_the_open_loops_highest_rate_sends_every_request_at_once(tiny_checkpoint):
     """A sweep's throughput end (request_rate at its highest): the server answers only once all are in flight."""
-    from decodebench.models.served_load import MAX_REQUEST_RATE
+    from decodebench.models.backends.served_load import MAX_REQUEST_RATE
 
     with FakeOpenAI(mode="hold") as server:
         server.hold_until = 6

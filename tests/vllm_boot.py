@@ -17,7 +17,7 @@ def pytest_configure(config):
 def pytest_report_header(config):
     from vllm.v1.sample import rejection_sampler
 
-    from decodebench.models import vllm_cpu_fix
+    from decodebench.models.backends import vllm_cpu_fix
 
     rules = getattr(rejection_sampler.rejection_sample, "_decodebench_verification", False)
     fixed = rejection_sampler._rejection_random_sample is vllm_cpu_fix.rejection_random_sample

@@ -114,7 +114,7 @@ class Window:
     ttft_s: float | None = None
     decoding: dict[str, Any] | None = None  # how it decoded (decodebench.models.decoding.decoding_record)
     engine: dict[str, Any] | None = None  # the inference engine's own counters over the window (vLLM's)
-    load: dict[str, Any] | None = None  # how the server was loaded (served runs: models/served_load.py)
+    load: dict[str, Any] | None = None  # how the server was loaded (served runs: models/backends/served_load.py)
     records: list[RequestRecord] = field(default_factory=list)
 
     def record(

@@ -4,8 +4,8 @@
 prompts exactly as lm-eval's ``local-completions`` model does (its ``LocalCompletionsAPI``: the same chat
 templates, token-id prompts, stop sequences and payload), sends each request on its own, streamed, either with
 ``num_concurrent`` in flight (closed loop) or at ``request_rate`` requests per second (open loop, arrivals as
-``vllm bench serve`` draws them: models/served_load.py), over one HTTP session per run with as many connections as
-requests may be in flight, and measures every request as ``vllm bench serve`` defines it:
+``vllm bench serve`` draws them: models/backends/served_load.py), over one HTTP session per run with as many
+connections as requests may be in flight, and measures every request as ``vllm bench serve`` defines it:
 
 - TTFT: from sending the request to the first chunk that carries generated text (or tokens), whatever else it
   carries;
@@ -53,17 +53,15 @@ from typing import Any
 from urllib.parse import urlparse
 
 from lm_eval.models.openai_completions import LocalCompletionsAPI
-from tqdm import tqdm
 
 from decodebench.embedded import resolve_pretrained
 from decodebench.measure import http
 from decodebench.measure.energy import open_served_meter
 from decodebench.measure.memory import NoMemory
-from decodebench.models import backend
-from decodebench.models.backend import BackendLM
+from decodebench.models.backends.base import BackendLM
+from decodebench.models.backends.served_load import Load, arrival_times, parse_slo
 from decodebench.models.decoding import decoding_record
 from decodebench.models.method import SERVER_DECODES, Method
-from decodebench.models.served_load import Load, arrival_times, parse_slo
 
 log = logging.getLogger(__name__)
 
@@ -314,54 +312,47 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
         own = {"energy_url", "request_rate", "burstiness", "max_concurrency", "slo"}
         return sorted((named | own) - {"self", "tokenizer_backend", "tokenized_requests"})
 
-    # -- lm-eval API ----------------------------------------------------------------------
-    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        results: list[str | None] = [None] * len(requests)
-        backend.check_requests(requests)
-        pbar = tqdm(total=len(requests), disable=disable_tqdm, desc=f"{self.method.name} (served) generate_until")
-        for task, positions in backend.group_by_task(requests):
-            batch = [requests[i] for i in positions]
-            payloads, decodings = zip(*(self._payload(request) for request in batch), strict=True)
-            before = self._scrape()
-            arrivals = (
-                arrival_times(len(batch), self.load.request_rate, self.load.burstiness, self.load.seed)
-                if self.load.open
-                else None
+    # -- lm-eval API: generate_until is BackendLM's; its step (a task is one batch) ----------
+    def generate_batch_measured(self, task: str, batch: list, answered) -> list[str]:
+        """Every request of a task sent under the run's load (closed loop or arrivals), the server's counters read
+        around the task's window."""
+        payloads, decodings = zip(*(self._payload(request) for request in batch), strict=True)
+        before = self._scrape()
+        arrivals = (
+            arrival_times(len(batch), self.load.request_rate, self.load.burstiness, self.load.seed)
+            if self.load.open
+            else None
+        )
+        with self.decodebench_recorder.open(task) as window:
+            peaks: dict[str, float] = {}
+            streamed = self._loop.run(self._send_all(task, batch, list(payloads), arrivals, peaks, answered))
+        window.engine = self._server_counters(before, self._scrape(), peaks)
+        window.load = self.load.describe()
+        if arrivals is not None:
+            window.load["arrivals_s"] = arrivals.tolist()
+        for request, out, decoding in zip(batch, streamed, decodings, strict=True):
+            window.record(
+                request,
+                prompt_tokens=out.prompt_tokens,
+                new_tokens=out.new_tokens,
+                finish_reason=out.finish_reason,
+                batch_size=self.load.in_flight or 1,
+                ttft_s=out.ttft_s,
+                latency_s=out.latency_s,
+                inter_token_s=out.inter_token_s,
+                chunk_gaps_s=out.chunk_gaps_s,
+                sent_s=out.sent_s,
+                spec_decode=out.spec_decode,
+                retries=out.retries,
+                text=out.text,
+                decoding=decoding,
             )
-            with self.decodebench_recorder.open(task) as window:
-                peaks: dict[str, float] = {}
-                streamed = self._loop.run(self._send_all(task, batch, list(payloads), arrivals, peaks, pbar))
-            window.engine = self._server_counters(before, self._scrape(), peaks)
-            window.load = self.load.describe()
-            if arrivals is not None:
-                window.load["arrivals_s"] = arrivals.tolist()
-            for position, request, out, decoding in zip(positions, batch, streamed, decodings, strict=True):
-                window.record(
-                    request,
-                    prompt_tokens=out.prompt_tokens,
-                    new_tokens=out.new_tokens,
-                    finish_reason=out.finish_reason,
-                    batch_size=self.load.in_flight or 1,
-                    ttft_s=out.ttft_s,
-                    latency_s=out.latency_s,
-                    inter_token_s=out.inter_token_s,
-                    chunk_gaps_s=out.chunk_gaps_s,
-                    sent_s=out.sent_s,
-                    spec_decode=out.spec_decode,
-                    retries=out.retries,
-                    text=out.text,
-                    decoding=decoding,
-                )
-                results[position] = out.text
-        pbar.close()
-        return backend.check_complete(results)
+        return [out.text for out in streamed]
 
     def _payload(self, request) -> tuple[dict, dict]:
         """The request as lm-eval's local-completions would send it, streamed, carrying what the method adds."""
         context, gen_kwargs = request.args
-        kwargs = copy.deepcopy(gen_kwargs)
-        if float(kwargs.get("temperature") or 0) > 0:  # sampling: the method's defaults where the task sets none
-            kwargs = {**self.method.sampling_defaults, **kwargs}
+        kwargs = self.with_sampling_defaults(copy.deepcopy(gen_kwargs))
         max_gen_toks = kwargs.get("max_gen_toks", self._max_gen_toks)
         tokens = self.tok_encode(context, add_special_tokens=self.add_bos_token)
         tokens = tokens[-(self.max_length - max_gen_toks) :]
@@ -392,7 +383,7 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
         return self._http["session"]
 
     async def _send_all(
-        self, task: str, batch: list, payloads: list[dict], arrivals, peaks: dict, pbar
+        self, task: str, batch: list, payloads: list[dict], arrivals, peaks: dict, answered
     ) -> list[Streamed]:
         """Every request of a task: ``load.in_flight`` at a time (closed loop), or each at its arrival time
         (open loop, capped by ``max_concurrency`` when given)."""
@@ -415,8 +406,7 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
             except ServedError as exc:
                 raise ServedError(f"the request for document {request.doc_id}: {exc}") from None
             done += 1
-            self.cache_hook.add_partial("generate_until", request.args, out.text)  # kept if a later one fails
-            pbar.update(1)
+            answered(request, out.text)  # cached now: kept if a later one fails
             return out
 
         try:

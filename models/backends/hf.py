@@ -1,7 +1,7 @@
 """The transformers backend: lm-eval's HFLM with measured generation; it knows no method.
 
-``generate_until`` keeps HFLM's semantics (requests grouped by generation kwargs, sorted
-longest-first, left-padded batches of ``batch_size``, ``max_gen_toks``, stop sequences plus
+``generate_until`` (``models/backends/base.py``) keeps HFLM's semantics here (``batches``: requests grouped by
+generation kwargs, sorted longest-first, left-padded batches of ``batch_size``; ``max_gen_toks``, stop sequences plus
 EOS, text cut at the first stop) but runs task by task and batch by batch inside a measurement
 window, so every request gets its own record. Each batch is decoded by the method's
 ``hf_decode`` hook (``models/method.py``); the default is ``generate_batch``, which is
@@ -21,15 +21,13 @@ from typing import Any
 import torch
 from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
-from tqdm import tqdm
 from transformers import LogitsProcessorList
 from transformers.generation.streamers import BaseStreamer
 
 from decodebench.embedded import resolve_pretrained
 from decodebench.measure.energy import open_meter
 from decodebench.measure.memory import open_memory_meter
-from decodebench.models import backend
-from decodebench.models.backend import BackendLM
+from decodebench.models.backends.base import BackendLM
 from decodebench.models.decoding import decoding_record
 from decodebench.models.method import DecodeOutput, Method
 
@@ -163,32 +161,15 @@ class HFBackend(BackendLM, HFLM):
         )
         return DecodeOutput(tokens=sequences[:, input_ids.shape[1] :], first_token_at=clock.first_token_at)
 
-    # -- lm-eval API ----------------------------------------------------------------------
-    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        """HFLM's ``generate_until``, task by task and batch by batch, each batch decoded by the method
-        inside a measurement window and recorded request by request."""
-        results: list[str | None] = [None] * len(requests)
-        backend.check_requests(requests)
-        pbar = tqdm(
-            total=len(requests),
-            disable=disable_tqdm or self.rank != 0,
-            desc=f"{self.method.name} (hf) generate_until",
-        )
-        for task, positions in backend.group_by_task(requests):
-            for batch in self._batches(requests, positions):
-                plan = self._plan_batch(task, [requests[i] for i in batch])
-                texts = self._decode_and_record(plan)
-                for position, text in zip(batch, texts, strict=True):
-                    results[position] = text
-                    self.cache_hook.add_partial("generate_until", requests[position].args, text)
-                pbar.update(len(batch))
-        pbar.close()
-        return backend.check_complete(results)
+    # -- lm-eval API: generate_until is BackendLM's; its two steps ---------------------------
+    def generate_batch_measured(self, task: str, batch: list, answered) -> list[str]:
+        """One batch as HFLM would generate it, decoded by the method inside a measurement window."""
+        return self._decode_and_record(self._plan_batch(task, batch), answered)
 
     def _plan_batch(self, task: str, requests: list) -> BatchPlan:
         """One batch as HFLM would generate it: its prompts left-padded and truncated, stop sequences,
         the new-token budget, and ``generate``'s keyword arguments with every sampling default explicit."""
-        gen_kwargs = requests[0].args[1]  # a batch shares its generation kwargs (_batches)
+        gen_kwargs = requests[0].args[1]  # a batch shares its generation kwargs (batches)
         kwargs = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
         eos = self.tok_decode(self.eot_token_id, skip_special_tokens=False)
         until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
@@ -214,7 +195,7 @@ class HFBackend(BackendLM, HFLM):
             task, requests, input_ids, attention_mask, until, max_length - input_ids.shape[1], kwargs, decoding
         )
 
-    def _decode_and_record(self, plan: BatchPlan) -> list[str]:
+    def _decode_and_record(self, plan: BatchPlan, answered) -> list[str]:
         """Decode one batch inside a measurement window, score it outside, and record each request."""
         with self.decodebench_recorder.open(plan.task, decoding=plan.decoding) as window:
             out = self.method.hf_decode(
@@ -242,6 +223,7 @@ class HFBackend(BackendLM, HFLM):
                 method_stats={**(out.row_stats[row] if out.row_stats else {}), **(scores[row] if scores else {})},
                 text=text,
             )
+            answered(request, text)
             texts.append(text)
         return texts
 
@@ -260,7 +242,7 @@ class HFBackend(BackendLM, HFLM):
         return info
 
     # -- helpers ------------------------------------------------------------------------
-    def _batches(self, requests, positions: list[int]) -> list[list[int]]:
+    def batches(self, requests, positions: list[int]) -> list[list[int]]:
         """HFLM's batching: same generation kwargs per batch, longest prompts first."""
         groups: dict[str, list[int]] = {}
         for position in positions:

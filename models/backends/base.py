@@ -1,15 +1,20 @@
-"""What every backend shares (``models/hf.py``, ``models/vllm.py``, ``models/served.py``; the table of them by name
-is ``models/registry.py``): the embedded model as the default ``pretrained``, the measurement set-up and results
-record, and the checks around ``generate_until`` (task by task, settings checked first, no request left unanswered).
+"""What every backend shares: ``BackendLM``, placed before lm-eval's own model class (``HFLM``, ``VLLM``,
+``LocalCompletionsAPI``) in ``models/backends/hf.py``, ``models/backends/vllm.py`` and ``models/backends/served.py``
+(their table by name is ``models/registry.py``).
 
-A backend class is ``BackendLM`` placed before lm-eval's own model class (``HFLM``, ``VLLM``);
-it knows its method only through the ``Method`` contract (``models/method.py``).
+It holds the one ``generate_until`` every backend runs: every request's settings checked before the first one runs,
+task by task (so every speed and energy figure belongs to one task), each answer given to lm-eval's ``--use_cache``
+as it comes, none left unanswered. A backend supplies two steps: how a task's requests split into batches
+(``batches``) and how one batch is generated inside its measurement window and recorded request by request
+(``generate_batch_measured``). Beside it: the measurement set-up, the results' description of the run, and the
+``--use_cache`` identity check. A backend knows its method only through the ``Method`` contract
+(``models/method.py``) and tells methods what it can do through ``capabilities``, never its name.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -43,6 +48,49 @@ class BackendLM:
     def check_method_args(cls, method: Method, args: dict[str, Any]) -> None:
         """Raise a ValueError when the backend's arguments contradict what the method needs of it (nothing by
         default)."""
+
+    # -- lm-eval API: the same for every backend -------------------------------------------
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """lm-eval's ``generate_until``: settings checked first, then task by task and batch by batch, each batch
+        generated and recorded by the backend (``generate_batch_measured``), every answer cached as it comes."""
+        from tqdm import tqdm
+
+        results: list[str | None] = [None] * len(requests)
+        check_requests(requests)
+        progress = tqdm(
+            total=len(requests),
+            disable=disable_tqdm or getattr(self, "rank", 0) != 0,
+            desc=f"{self.method.name} ({self.backend_name}) generate_until",
+        )
+
+        def answered(request, text: str) -> None:  # kept at once: a later failure loses no answer already paid for
+            self.cache_hook.add_partial("generate_until", request.args, text)
+            progress.update(1)
+
+        for task, positions in group_by_task(requests):
+            for batch in self.batches(requests, positions):
+                texts = self.generate_batch_measured(task, [requests[i] for i in batch], answered)
+                for position, text in zip(batch, texts, strict=True):
+                    results[position] = text
+        progress.close()
+        return check_complete(results)
+
+    def batches(self, requests, positions: list[int]) -> list[list[int]]:
+        """How one task's requests (their positions in ``requests``) split into batches, each one measurement
+        window; by default the whole task at once (an engine that batches continuously takes them all)."""
+        return [positions]
+
+    def generate_batch_measured(self, task: str, batch: list, answered: Callable[[Any, str], None]) -> list[str]:
+        """Generate one batch of a task's requests inside a measurement window, record each request, call
+        ``answered(request, text)`` for each as soon as its answer is in hand, and return the texts in order."""
+        raise NotImplementedError
+
+    def with_sampling_defaults(self, gen_kwargs: dict[str, Any]) -> dict[str, Any]:
+        """A request's generation settings with the method's sampling defaults where a sampling task sets none
+        (an engine with a temperature setting: vLLM, a server; transformers' precedence is ``decoding_settings``)."""
+        if float(gen_kwargs.get("temperature") or 0) > 0:
+            return {**self.method.sampling_defaults, **gen_kwargs}
+        return dict(gen_kwargs)
 
     def warn_if_chat_template_unused(self, applied: bool) -> None:
         """Said before generation: a chat model prompted without its template often answers nothing at all

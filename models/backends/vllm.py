@@ -13,8 +13,9 @@ for what changes:
 - ``vllm_sampling_kwargs(kwargs)``: a request's ``SamplingParams`` keyword arguments (penalties,
   ``extra_args`` read by the engine's processors).
 
-Requests are sent to the engine task by task (one measurement window per task, or per
-``batch_size`` chunk when an integer batch size is given); vLLM batches them continuously.
+``generate_until`` is every backend's (``models/backends/base.py``): requests are sent to the engine task by task
+(one measurement window per task, or per ``batch_size`` chunk when an integer batch size is given); vLLM batches
+them continuously.
 """
 
 from __future__ import annotations
@@ -34,8 +35,7 @@ from vllm import EngineArgs, SamplingParams
 from decodebench.embedded import resolve_pretrained
 from decodebench.measure.energy import open_meter
 from decodebench.measure.memory import NoMemory
-from decodebench.models import backend
-from decodebench.models.backend import BackendLM
+from decodebench.models.backends.base import BackendLM
 from decodebench.models.decoding import decoding_record
 from decodebench.models.method import ENGINE_SPECULATES, Method
 from decodebench.models.model_runners import RUNNER_ENV, runner_environment, runner_of, start_environment
@@ -117,58 +117,56 @@ class VLLMBackend(BackendLM, VLLM):
             return open_meter("cuda", list(range(gpus)))
         return open_meter("cpu" if current_platform.is_cpu() else current_platform.device_type)
 
-    # -- lm-eval API ----------------------------------------------------------------------
-    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        results: list[str | None] = [None] * len(requests)
+    # -- lm-eval API: generate_until is BackendLM's; its two steps ---------------------------
+    def batches(self, requests, positions: list[int]) -> list[list[int]]:
+        """The whole task at once (vLLM batches continuously), or ``batch_size`` at a time when it is a number."""
+        size = self.batch_size if isinstance(self.batch_size, int) else len(positions)
+        return [positions[i : i + size] for i in range(0, len(positions), size)]
+
+    def generate_batch_measured(self, task: str, batch: list, answered) -> list[str]:
+        """One batch sent to the engine at once inside a measurement window, the engine's counters read around it."""
         eos = self.tokenizer.decode(self.eot_token_id) or getattr(self.tokenizer, "eos_token", None)
-        recorder = self.decodebench_recorder
-        backend.check_requests(requests)
-        for task, positions in backend.group_by_task(requests):
-            size = self.batch_size if isinstance(self.batch_size, int) else len(positions)
-            for batch in (positions[i : i + size] for i in range(0, len(positions), size)):
-                prompts, params, stops = [], [], []
-                for position in batch:
-                    context, gen_kwargs = requests[position].args
-                    kwargs, until, max_gen_toks = self.modify_gen_kwargs(
-                        gen_kwargs, eos=eos, default_max_gen_toks=self.max_gen_toks
-                    )
-                    tokens, max_gen_toks = maybe_truncate(
-                        self.tok_encode(context),
-                        max_gen_toks=max_gen_toks,
-                        max_model_len=self.max_length,
-                        side=self.truncation_side,
-                    )
-                    if kwargs.get("temperature", 0) > 0:  # sampling: the method's defaults where the task sets none
-                        kwargs = {**self.method.sampling_defaults, **kwargs}
-                    kwargs = self.method.vllm_sampling_kwargs(kwargs)
-                    # With a reasoning model only EOS goes to the engine; task stops are applied
-                    # to the answer after the thinking part (as lm-eval's VLLM does).
-                    engine_stop = [s for s in until if s == eos] if self.think_end_token else until
-                    params.append(SamplingParams(max_tokens=max_gen_toks, stop=engine_stop, **kwargs))
-                    prompts.append(tokens)
-                    stops.append(until)
-                before = self._engine_counters()
-                with recorder.open(task) as window:
-                    outputs = self._model_generate(requests=prompts, generate=True, sampling_params=params)
-                window.engine = engine_deltas(before, self._engine_counters())
-                for output, position, until, param in zip(outputs, batch, stops, params, strict=True):
-                    completion = output.outputs[0]
-                    text = postprocess_generated_text(completion.text, until, self.think_end_token)
-                    metrics = getattr(output, "metrics", None)
-                    ttft = getattr(metrics, "first_token_latency", None) or None
-                    window.record(
-                        requests[position],
-                        prompt_tokens=len(output.prompt_token_ids),
-                        new_tokens=len(completion.token_ids),
-                        finish_reason=_finish_reason(completion),
-                        batch_size=len(batch),
-                        ttft_s=ttft,
-                        text=text,
-                        decoding=decoding_record(param.temperature > 0, param.temperature, param.top_k, param.top_p),
-                    )
-                    results[position] = text
-                    self.cache_hook.add_partial("generate_until", requests[position].args, text)
-        return backend.check_complete(results)
+        prompts, params, stops = [], [], []
+        for request in batch:
+            context, gen_kwargs = request.args
+            kwargs, until, max_gen_toks = self.modify_gen_kwargs(
+                gen_kwargs, eos=eos, default_max_gen_toks=self.max_gen_toks
+            )
+            tokens, max_gen_toks = maybe_truncate(
+                self.tok_encode(context),
+                max_gen_toks=max_gen_toks,
+                max_model_len=self.max_length,
+                side=self.truncation_side,
+            )
+            kwargs = self.method.vllm_sampling_kwargs(self.with_sampling_defaults(kwargs))
+            # With a reasoning model only EOS goes to the engine; task stops are applied
+            # to the answer after the thinking part (as lm-eval's VLLM does).
+            engine_stop = [s for s in until if s == eos] if self.think_end_token else until
+            params.append(SamplingParams(max_tokens=max_gen_toks, stop=engine_stop, **kwargs))
+            prompts.append(tokens)
+            stops.append(until)
+        before = self._engine_counters()
+        with self.decodebench_recorder.open(task) as window:
+            outputs = self._model_generate(requests=prompts, generate=True, sampling_params=params)
+        window.engine = engine_deltas(before, self._engine_counters())
+        texts = []
+        for output, request, until, param in zip(outputs, batch, stops, params, strict=True):
+            completion = output.outputs[0]
+            text = postprocess_generated_text(completion.text, until, self.think_end_token)
+            metrics = getattr(output, "metrics", None)
+            window.record(
+                request,
+                prompt_tokens=len(output.prompt_token_ids),
+                new_tokens=len(completion.token_ids),
+                finish_reason=_finish_reason(completion),
+                batch_size=len(batch),
+                ttft_s=getattr(metrics, "first_token_latency", None) or None,
+                text=text,
+                decoding=decoding_record(param.temperature > 0, param.temperature, param.top_k, param.top_p),
+            )
+            answered(request, text)
+            texts.append(text)
+        return texts
 
     def _engine_counters(self) -> dict[str, float] | None:
         """The engine's own counters (speculative decoding, prefix cache), where it keeps them (log stats on)."""
