@@ -21,6 +21,8 @@ from pathlib import Path
 
 DEFAULT_PORT = 8000
 STARTUP_TIMEOUT_S = 900
+# how long a server stopped while starting may take to exit before it and its processes are killed
+STARTING_GRACE_S = 5
 
 
 def vllm_command(model: str, host: str, port: int, vllm_args: list[str]) -> list[str]:
@@ -142,6 +144,7 @@ def run_serve(model: str | None, host: str, port: int, vllm_args: list[str], mod
     server = subprocess.Popen(command, env=environment)
     shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     base = f"http://{shown_host}:{port}"
+    serving = False
     try:
         if not wait_until_ready(base, server):
             print(f"error: vllm serve did not start (exit code {server.poll()}); its output is above", file=sys.stderr)
@@ -154,11 +157,13 @@ def run_serve(model: str | None, host: str, port: int, vllm_args: list[str], mod
             "Ctrl-C stops the server.",
             flush=True,
         )
+        serving = True
         return server.wait()
     except KeyboardInterrupt:
         return 0
     finally:
-        stop_server(server)
+        # a server still starting has no requests to finish: vLLM took ~40 s to honour a SIGINT then
+        stop_server(server, grace_s=60 if serving else STARTING_GRACE_S)
 
 
 def stop_server(server: subprocess.Popen, grace_s: float = 60) -> None:

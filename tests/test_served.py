@@ -27,6 +27,7 @@ from conftest import (
     Lines,
     console_script,
     explain,
+    lm_eval_in_process,
     offline_env,
     read_results,
     read_samples,
@@ -122,14 +123,17 @@ def server(servers):
     return servers["plain"].ready()
 
 
-def served(server, model: str, extra: str, out, *args: str, cwd, **env):
-    return run_lm_eval(
+def served_args(server, model: str, extra: str, out, *args: str) -> tuple[str, ...]:
+    return (
         *("--model", model, "--model_args", f"backend=served,pretrained=embedded,base_url={server.base_url}{extra}"),
         *("--tasks", "squad_mini", "--limit", LIMIT, *SHORT, "--apply_chat_template"),
         *("--output_path", str(out), "--log_samples", *args),
-        cwd=cwd,
-        **env,
     )
+
+
+def served(server, model: str, extra: str, out, *args: str, cwd):
+    """The real `lm_eval` command against the server, for tests that read how it exits and what it prints."""
+    return run_lm_eval(*served_args(server, model, extra, out, *args), cwd=cwd)
 
 
 def _post(url: str, payload: dict) -> tuple[int, dict]:
@@ -155,8 +159,7 @@ def test_decodebench_serve_prints_what_to_run(server):
 def served_baseline(server, tmp_path_factory):
     """The baseline through the server, 4 requests in flight: the output folder."""
     folder = tmp_path_factory.mktemp("served-baseline")
-    proc = served(server, "baseline", ",num_concurrent=4", folder / "served", cwd=folder)
-    assert proc.returncode == 0, explain(proc)
+    lm_eval_in_process(*served_args(server, "baseline", ",num_concurrent=4", folder / "served"), cwd=folder)
     return folder / "served"
 
 
@@ -187,8 +190,7 @@ def test_served_answers_equal_the_in_process_engines_and_every_request_is_measur
 
 
 def test_lz_through_the_server_changes_the_output_as_lz_in_process_does(server, served_baseline, vllm_run, tmp_path):
-    proc = served(server, "lz", STRONG_LZ, tmp_path / "served", cwd=tmp_path)
-    assert proc.returncode == 0, explain(proc)
+    lm_eval_in_process(*served_args(server, "lz", STRONG_LZ, tmp_path / "served"), cwd=tmp_path)
     assert texts(tmp_path / "served") == texts(vllm_run("lz", STRONG_LZ))
     assert texts(tmp_path / "served") != texts(served_baseline), "a strong LZ penalty must change some answer"
 
@@ -366,7 +368,7 @@ def test_a_server_that_speculates_starts_on_the_runner_its_rules_need(speculativ
 
 
 def test_with_speculation_chunks_carry_several_tokens_and_the_counters_show_it(speculative_server, tmp_path):
-    proc = run_lm_eval(
+    lm_eval_in_process(
         *(
             "--model",
             "baseline",
@@ -377,7 +379,6 @@ def test_with_speculation_chunks_carry_several_tokens_and_the_counters_show_it(s
         *("--output_path", str(tmp_path / "out"), "--log_samples"),
         cwd=tmp_path,
     )
-    assert proc.returncode == 0, explain(proc)
     stats = read_results(tmp_path / "out")["config"]["decodebench"]["tasks"]["cnndm_mini"]
     counters = stats["engine"]
     assert counters["vllm:spec_decode_num_drafts_total"] > 0 and counters["mean_acceptance_length"] >= 1
@@ -400,13 +401,12 @@ def test_mtad_through_the_server_verifies_by_its_rule_and_vllms_rule_stays_for_t
     rates = {}
     for model, extra in (("mtad", ",mode=mtad,tau=0"), ("baseline", "")):
         args = f"backend=served,pretrained=embedded,base_url={speculative_server.base_url},num_concurrent=2{extra}"
-        proc = run_lm_eval(
+        lm_eval_in_process(
             *("--model", model, "--model_args", args, "--tasks", "cnndm_mini", "--limit", "2"),
             *("--gen_kwargs", "do_sample=true,temperature=1.0,top_k=-1,top_p=1.0,max_gen_toks=48"),
             *("--apply_chat_template", "--output_path", str(tmp_path / model)),
             cwd=tmp_path,
         )
-        assert proc.returncode == 0, explain(proc)
         stats = read_results(tmp_path / model)["config"]["decodebench"]["tasks"]["cnndm_mini"]
         counters = stats["engine"]
         assert counters["vllm:spec_decode_num_drafts_total"] > 0
