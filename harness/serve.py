@@ -21,7 +21,9 @@ from pathlib import Path
 
 DEFAULT_PORT = 8000
 STARTUP_TIMEOUT_S = 900
-# how long a server stopped while starting may take to exit before it and its processes are killed
+# how long a stopped server may take to exit before it and its processes are killed: a serving one finishes its
+# requests; one still starting has none, and vLLM took ~38 s to honour a SIGINT then
+SERVING_GRACE_S = 60
 STARTING_GRACE_S = 5
 
 
@@ -162,11 +164,10 @@ def run_serve(model: str | None, host: str, port: int, vllm_args: list[str], mod
     except KeyboardInterrupt:
         return 0
     finally:
-        # a server still starting has no requests to finish: vLLM took ~40 s to honour a SIGINT then
-        stop_server(server, grace_s=60 if serving else STARTING_GRACE_S)
+        stop_server(server, grace_s=SERVING_GRACE_S if serving else STARTING_GRACE_S)
 
 
-def stop_server(server: subprocess.Popen, grace_s: float = 60) -> None:
+def stop_server(server: subprocess.Popen, grace_s: float = SERVING_GRACE_S) -> None:
     """vLLM's server and every process it started: SIGINT first (vLLM shuts its engine down cleanly on it), then
     SIGKILL after ``grace_s`` to the server and each process found under it (before the SIGINT, and again before the
     SIGKILL while the server still lives), so no engine process outlives decodebench serve."""
