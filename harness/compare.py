@@ -56,30 +56,44 @@ def run_rounds(
     return done
 
 
-def per_document_speed(task) -> dict[tuple, tuple[int, float]]:
-    """(new tokens, seconds) of each document of a run's task, from its samples log; a request's seconds are
-    its batch window's split evenly over the batch (at batch size 1, its own)."""
-    out: dict[tuple, list] = defaultdict(lambda: [0, 0.0])
+def samples(task):
+    """Each document's sample of a run's task, from its samples log, under the first filter it names (the
+    generations and decodebench's records are the same under every filter): ``(doc_id, doc_hash), sample``."""
     if task.samples_file is None:
-        return {}
+        return
     seen_filter = None
     for line in task.samples_file.read_text().splitlines():
         if not line.strip():
             continue
         sample = json.loads(line)
         seen_filter = seen_filter or sample.get("filter")
-        if sample.get("filter") != seen_filter:
-            continue
+        if sample.get("filter") == seen_filter:
+            yield (sample.get("doc_id"), sample.get("doc_hash")), sample
+
+
+def per_document_speed(task) -> dict[tuple, tuple[int, float]]:
+    """(new tokens, seconds) of each document of a run's task, from its samples log; a request's seconds are
+    its batch window's split evenly over the batch (at batch size 1, its own)."""
+    out: dict[tuple, list] = defaultdict(lambda: [0, 0.0])
+    for key, sample in samples(task):
         for record in sample.get("decodebench") or []:
-            key = (sample.get("doc_id"), sample.get("doc_hash"))
             out[key][0] += record["new_tokens"]
             out[key][1] += record["latency_s"] / max(1, record.get("batch_size") or 1)
     return {key: (tokens, seconds) for key, (tokens, seconds) in out.items()}
 
 
+def identical_generations(task, base_task) -> tuple[int, int]:
+    """(documents whose generations are exactly the baseline's, documents whose generations both runs logged)."""
+    method = {key: sample["resps"] for key, sample in samples(task) if sample.get("resps") is not None}
+    base = {key: sample["resps"] for key, sample in samples(base_task) if sample.get("resps") is not None}
+    both = set(method) & set(base)
+    return sum(method[key] == base[key] for key in both), len(both)
+
+
 def summarize(rounds: list[dict[str, Path]]) -> dict[str, dict]:
-    """Per task: the speed ratio paired per document over all rounds with its interval, each round's ratio, and
-    quality from round 1 with its paired comparison."""
+    """Per task that every round ran: the speed ratio paired per document over all rounds with its interval, each
+    round's ratio, and quality from round 1 with its paired comparison and how many generations are the
+    baseline's."""
     from decodebench.reports.reader import read_run
     from decodebench.reports.tables import metric_cells
     from decodebench.stats import speed_ratio_interval
@@ -88,6 +102,8 @@ def summarize(rounds: list[dict[str, Path]]) -> dict[str, dict]:
     first = runs[0]
     summary = {}
     for task, method_task in first["method"].tasks.items():
+        if any(task not in produced[side].tasks for produced in runs for side in SIDES):
+            continue
         totals = {side: defaultdict(lambda: [0, 0.0]) for side in SIDES}
         round_ratios = []
         for produced in runs:
@@ -120,6 +136,7 @@ def summarize(rounds: list[dict[str, Path]]) -> dict[str, dict]:
             "baseline_quality": {
                 name: value for name, value in first["baseline"].tasks[task].metrics.items() if value is not None
             },
+            "identical_generations": identical_generations(method_task, first["baseline"].tasks[task]),
             "n": method_task.n,
             "notes": notes,
         }
@@ -136,17 +153,20 @@ def markdown(summary: dict[str, dict], model: str, model_args: dict, rounds: int
         "Speed ratio: the method's tokens/s over the baseline's, paired per document (each document's tokens and "
         "seconds summed over the rounds on each side), with its 95% bootstrap interval over documents.",
         "",
-        "| task | n | speed ratio [95% CI] | per round | metric | method [95% interval] | baseline "
-        "| paired difference [95% interval] | p |",
-        "|---|---:|---|---|---|---|---:|---|---:|",
+        "| task | n | speed ratio [95% CI] | per round | same generations | metric | method [95% interval] "
+        "| baseline | paired difference [95% CI] | p |",
+        "|---|---:|---|---|---:|---|---|---:|---|---:|",
     ]
     for task, row in summary.items():
         if row["speed_ratio"] is not None:
             low, high = row["speed_ratio_interval"]
-            ratio = f"{row['speed_ratio']:.2f}x [{low:.2f}, {high:.2f}] ({row['speed_ratio_documents']} documents)"
+            ratio = f"{row['speed_ratio']:.2f}x [{low:.2f}, {high:.2f}]"
+            if row["speed_ratio_documents"] != row["n"]:  # documents with no timed generation are left out
+                ratio += f" ({row['speed_ratio_documents']} documents)"
         else:
             ratio = "not measured"
         per_round = ", ".join(f"{r:.2f}x" if r is not None else "-" for r in row["round_speed_ratios"])
+        same = "{} of {}".format(*row["identical_generations"])
         for metric, cell in row["quality"].items():
             value = "-" if cell["value"] is None else f"{cell['value']:.3f}"
             if cell["interval"]:
@@ -162,10 +182,10 @@ def markdown(summary: dict[str, dict], model: str, model_args: dict, rounds: int
             p_value = p_text(comparison) if comparison else "-"
             base_text = f"{base:.3f}" if base is not None else "-"
             lines.append(
-                f"| {task} | {row['n']} | {ratio} | {per_round} | {metric} | {value} | {base_text} | {difference} "
-                f"| {p_value} |"
+                f"| {task} | {row['n']} | {ratio} | {per_round} | {same} | {metric} | {value} | {base_text} "
+                f"| {difference} | {p_value} |"
             )
-            ratio = per_round = ""  # once per task
+            ratio = per_round = same = ""  # once per task
     return "\n".join(lines) + "\n"
 
 

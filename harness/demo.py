@@ -4,6 +4,13 @@ Each run is one ``lm_eval`` subprocess on the embedded model and the bundled min
 written to ``OUT/<run>/`` with lm-eval's own output in ``OUT/<run>/lm_eval.log`` (the terminal shows one progress
 bar per run); afterwards a short table of quality, tokens/s and J/token is printed with the path of every results
 file, and the leaderboard of the runs is written to ``OUT/leaderboard/``.
+
+Runs taken one after another on a shared machine differ in speed by more than most methods change it, so the
+table gives no speed ratio. The one comparison it teaches is interleaved: the baseline runs first and the compared
+method (the first registered one naming ``demo_compared_on``) right after it, and once every method has run, a
+second round runs them again on the compared task in the other order. Both rounds pair per document
+(``decodebench compare``'s summary, written to ``OUT/interleaved/``): the speed ratio with its interval, quality
+with its paired test, and how many generations are the baseline's.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ class Run:
     model: str
     model_args: dict[str, object] = field(default_factory=dict)
     batch_size: int = 1
+    compared_on: str | None = None  # Method.demo_compared_on
 
 
 def registered_runs() -> list[Run]:
@@ -35,9 +43,29 @@ def registered_runs() -> list[Run]:
     """
     from decodebench.models.registry import load_method, methods
 
-    return [Run(name, name, load_method(target).demo_model_args()) for name, target in methods().items()]
+    runs = []
+    for name, target in methods().items():
+        method = load_method(target)
+        runs.append(Run(name, name, method.demo_model_args(), compared_on=method.demo_compared_on))
+    return runs
 
 
+def compared_run(runs: list[Run]) -> Run | None:
+    """The run the main job times against the baseline in interleaved rounds: the first that names a task for it,
+    when the baseline runs too."""
+    if not any(run.name == BASELINE for run in runs):
+        return None
+    return next((run for run in runs if run.compared_on and run.name != BASELINE), None)
+
+
+def in_running_order(runs: list[Run], compared: Run | None) -> list[Run]:
+    """The baseline first and the compared run right after it (round 1 of the interleaved comparison), then the
+    rest in the registry's order."""
+    first = [run for name in (BASELINE, compared.name if compared else None) for run in runs if run.name == name]
+    return first + [run for run in runs if run not in first]
+
+
+BASELINE = "baseline"  # what every comparison is made against
 MINI_TASKS = ["decodebench_mini"]
 WIDTH = 120  # the notes under the table; the last screen fits 160 columns
 # With the CLI's default --limit 2, every method on every mini task in under five minutes on two CPU cores,
@@ -85,17 +113,21 @@ def run_demo(
         return 2
     print(f"embedded model: {checkpoint}", flush=True)
 
+    compared = compared_run(runs)
+    runs = in_running_order(runs, compared)
+    total = len(runs) + (2 if compared else 0)
     produced: dict[str, Path | None] = {}
+    second_round: dict[str, Path] = {}
     interrupted = False
     try:
         print(f"lm_eval's own output goes to {out}/<run>/lm_eval.log; each log starts with its command", flush=True)
         for number, run in enumerate(runs, 1):
             invocation = lm_eval_run(run, task_list, out, limit)
-            produced[run.name] = invocation.run_logged(
-                out / run.name / "lm_eval.log", f"[{number}/{len(runs)}] {run.name}"
-            )
+            produced[run.name] = invocation.run_logged(out / run.name / "lm_eval.log", f"[{number}/{total}] {run.name}")
             if produced[run.name] is None:
-                print(f"[{number}/{len(runs)}] {run.name} FAILED", flush=True)
+                print(f"[{number}/{total}] {run.name} FAILED", flush=True)
+        if compared and produced.get(BASELINE) and produced.get(compared.name):
+            second_round = run_second_round(compared, produced, out, limit, len(runs), total)
     except KeyboardInterrupt:  # Ctrl-C: lm_eval got it too; keep what finished
         interrupted = True
         produced = {name: path for name, path in produced.items() if path is not None}
@@ -104,6 +136,9 @@ def run_demo(
         return 130 if interrupted else 1
 
     print(summary_table(produced))
+    if len(second_round) == 2:
+        rounds = [{"baseline": produced[BASELINE], "method": produced[compared.name]}, second_round]
+        print(interleaved_section(compared, rounds, out / "interleaved"))
     from decodebench.reports.leaderboard import write_report
 
     written, problems = write_report([path for path in produced.values() if path], out / "leaderboard")
@@ -114,17 +149,108 @@ def run_demo(
         print(f"leaderboard: {out / 'leaderboard' / 'leaderboard.html'} (also .md, .csv, .json)")
     if interrupted:
         return 130
-    return 0 if all(produced.values()) else 1
+    return 0 if all(produced.values()) and (not compared or len(second_round) == 2) else 1
+
+
+def run_second_round(
+    compared: Run, produced: dict[str, Path | None], out: Path, limit: int | None, done: int, total: int
+) -> dict[str, Path]:
+    """Round 2 of the interleaved comparison, in the other order (the compared method, then the baseline), on the
+    compared task (the first task round 1 ran when the main job does not run it); {side: results} of the runs that
+    finished."""
+    from decodebench.reports.reader import read_run
+
+    ran = list(read_run(produced[compared.name]).tasks)
+    task = compared.compared_on if compared.compared_on in ran else ran[0]
+    base = next(run for run in registered_runs() if run.name == BASELINE)
+    second_round = {}
+    for number, (side, run) in enumerate((("method", compared), ("baseline", base)), done + 1):
+        folder = out / "interleaved" / "round-2" / run.name
+        label = f"[{number}/{total}] {run.name}, round 2 on {task}"
+        results = lm_eval_run(run, [task], folder.parent, limit).run_logged(folder / "lm_eval.log", label)
+        if results is None:
+            print(f"{label} FAILED", flush=True)
+            return second_round
+        second_round[side] = results
+    return second_round
+
+
+def interleaved_section(compared: Run, rounds: list[dict[str, Path]], folder: Path) -> str:
+    """``decodebench compare``'s table for the two rounds (also written to ``folder``), and what it can and cannot
+    tell at this n."""
+    import json
+
+    from decodebench.compare import markdown, summarize
+    from decodebench.reports.reader import read_run
+    from decodebench.reports.tables import finite
+
+    summary = summarize(rounds)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "compare.md").write_text(markdown(summary, compared.model, compared.model_args, len(rounds)))
+    (folder / "compare.json").write_text(json.dumps(finite(summary), indent=2, allow_nan=False) + "\n")
+    tasks = read_run(rounds[0]["method"]).tasks
+    for task, row in summary.items():  # on the terminal, the task's main metric (compare.md has them all)
+        row["quality"] = {name: cell for name, cell in row["quality"].items() if name == tasks[task].primary_metric}
+    text = markdown(summary, compared.model, compared.model_args, len(rounds))
+    lines = ["", "Interleaved: round 1 ran the baseline, then the method; round 2 the other way round, on one task."]
+    for line in text.splitlines():
+        lines += [line] if line.startswith("|") else textwrap.wrap(line.lstrip("# "), WIDTH) or [""]
+    notes = [note for row in summary.values() for note in what_it_tells(row)]
+    lines += ["", *(textwrap.fill(note, WIDTH) for note in notes), f"written to {folder / 'compare.md'}"]
+    return "\n".join(lines)
+
+
+def what_it_tells(row: dict) -> list[str]:
+    """What a person can take from one task's interleaved comparison, in words."""
+    from decodebench.reports.tables import APPROXIMATE_BELOW
+
+    same, both = row["identical_generations"]
+    notes = []
+    if both and same == both:
+        notes.append(
+            f"Its generations are the baseline's on {same} of {both} documents: it changed the speed, not the answers."
+        )
+    elif both:
+        notes.append(f"Its generations differ from the baseline's on {both - same} of {both} documents.")
+    low, high = row["speed_ratio_interval"] or (None, None)
+    documents = row["speed_ratio_documents"]
+    caveat = (
+        f" (below {APPROXIMATE_BELOW} documents its coverage is only approximate)"
+        if documents < APPROXIMATE_BELOW
+        else ""
+    )
+    if low is not None and (low > 1 or high < 1):
+        notes.append(
+            f"Speed: {row['speed_ratio']:.2f}x, {'faster' if low > 1 else 'slower'} than the baseline on this machine: "
+            f"the 95% interval over {documents} documents excludes 1{caveat}."
+        )
+    elif low is not None:
+        notes.append(
+            f"Speed: {row['speed_ratio']:.2f}x, but the 95% interval over {documents} documents includes 1: no speed "
+            f"difference can be told at this n{caveat}."
+        )
+    tested = [(metric, cell["vs_baseline"]) for metric, cell in row["quality"].items() if cell["vs_baseline"]]
+    if tested and same != both:
+        metric, comparison = tested[0]
+        p_value = comparison.get("p_value")
+        if p_value is not None and p_value < 0.05:
+            notes.append(f"{metric}: the paired difference is told from noise (p = {p_value:.2g}, n = {row['n']}).")
+        elif p_value is not None:
+            notes.append(
+                f"{metric}: p = {p_value:.2g} at n = {row['n']}: this difference cannot be told from noise (more "
+                "documents: `decodebench demo --limit N`, or `decodebench compare`)."
+            )
+    return notes
 
 
 def summary_table(produced: dict[str, Path | None]) -> str:
     """Per task and run: the task's main metric with its interval and its paired difference from the baseline,
-    tokens/s and its ratio to the baseline's, peak memory and J/token (the leaderboard's own cells), in at most 160
-    columns: what the leaderboard says in a cell (small n, runs not interleaved) is said once below the table."""
+    tokens/s, peak memory and J/token (the leaderboard's own cells), in at most 160 columns: what the leaderboard
+    says in a cell (small n) is said once below the table. No speed ratio: these runs were taken one after another
+    (the interleaved comparison below gives one)."""
     from decodebench.reports.reader import read_run
     from decodebench.reports.tables import (
         APPROXIMATE_BELOW,
-        NOT_INTERLEAVED,
         SMALL_N,
         build_rows,
         comparison_text,
@@ -139,10 +265,10 @@ def summary_table(produced: dict[str, Path | None]) -> str:
     lines = [
         "",
         "| task: metric | run | n | quality [95% interval] | vs baseline [95% interval], p | tokens/s "
-        "| x baseline | peak memory | J/token |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| peak memory | J/token |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    reasons, approximate, small, ratios = set(), False, False, False
+    reasons, approximate, small = set(), False, False
     for task, rows in build_rows(runs).items():
         for row in sorted(rows, key=lambda r: order.get(r.run.method, len(order))):
             metric = row.task.primary_metric
@@ -150,19 +276,12 @@ def summary_table(produced: dict[str, Path | None]) -> str:
             if row.joules_per_token is None and row.energy_note:
                 reasons.add(row.energy_note)
             approximate, small = approximate or row.approximate, small or row.small_n
-            ratio = (row.speed_note or "-") if row.speed_ratio is None else f"{row.speed_ratio:.2f}x*"
-            ratios = ratios or row.speed_ratio is not None
             lines.append(
                 f"| {task}: {metric or '-'} | {row.run.method} | {row.n if row.n is not None else '-'} "
                 f"| {interval_text(cell) if cell else '-'} | {comparison_text(cell) if cell else '-'} "
-                f"| {speed_text(row)} | {ratio} | {memory_text(row)} | {energy_text(row)} |"
+                f"| {speed_text(row)} | {memory_text(row)} | {energy_text(row)} |"
             )
     notes = []
-    if ratios:
-        notes.append(
-            f"* {NOT_INTERLEAVED}: these runs were taken one after another; for a speed claim, `decodebench compare` "
-            "runs a method and the baseline in interleaved rounds and pairs them per document."
-        )
     if approximate:
         notes.append(f"n below {APPROXIMATE_BELOW}: the intervals' coverage is only approximate.")
     elif small:

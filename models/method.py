@@ -97,6 +97,9 @@ class Method:
     backends: ClassVar[tuple[str, ...]] = ("hf",)
     # Sampling settings a sampling task that sets none of its own gets (the paper's, when it says)
     sampling_defaults: ClassVar[dict[str, Any]] = {}
+    # The task on which the main job times this method against the baseline in interleaved rounds (a method whose
+    # paper claims a speed-up at the baseline's quality names one; the main job compares the first that does)
+    demo_compared_on: ClassVar[str | None] = None
 
     def __init__(self, config: MethodConfig | None = None):
         self.config = config if config is not None else self.Config.defaults()

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import console_script, explain, run_command
 from test_reports import BASE, BETTER, results_file
 
 from decodebench.compare import summarize
-from decodebench.sides import backend_args, parse_model_args
+from decodebench.sides import SIDES, backend_args, parse_model_args
 
 
 def test_the_speed_ratio_is_paired_per_document_over_the_rounds_and_quality_is_paired(tmp_path):
@@ -30,6 +31,54 @@ def test_the_speed_ratio_is_paired_per_document_over_the_rounds_and_quality_is_p
     assert summary["speed_ratio_interval"] == pytest.approx([40 / 14, 40 / 14])
     comparison = summary["quality"]["normalized_accuracy"]["vs_baseline"]
     assert comparison["difference"] == pytest.approx(0.3) and comparison["p_value"] < 0.05
+
+
+def with_generations(results: Path, task: str, generations: list[str]) -> Path:
+    """The results' samples log with each document's generation, as lm-eval logs it (``resps``)."""
+    (samples,) = results.parent.glob(f"samples_{task}_*.jsonl")
+    lines = [json.loads(line) for line in samples.read_text().splitlines()]
+    samples.write_text(
+        "".join(json.dumps({**line, "resps": [[text]]}) + "\n" for line, text in zip(lines, generations, strict=True))
+    )
+    return results
+
+
+def test_rounds_pair_on_the_tasks_every_round_ran_and_count_the_baselines_generations(tmp_path):
+    """The main job's second round runs one task: the comparison covers that task alone; the same generations
+    are counted per document from the samples logs."""
+    two_tasks = {"squad_mini": (BASE, 100, 10.0), "cnndm_mini": (BASE, 100, 10.0)}
+    texts = [f"answer {i}" for i in range(len(BASE))]
+    changed = ["other"] * 3 + texts[3:]
+    first = {
+        "baseline": with_generations(results_file(tmp_path / "b1", "baseline", two_tasks), "squad_mini", texts),
+        "method": with_generations(results_file(tmp_path / "m1", "mtad", two_tasks), "squad_mini", changed),
+    }
+    second = {side: results_file(tmp_path / f"{side}2", side, {"squad_mini": (BASE, 100, 10.0)}) for side in SIDES}
+    summary = summarize([first, second])
+    assert list(summary) == ["squad_mini"]
+    assert summary["squad_mini"]["identical_generations"] == (len(BASE) - 3, len(BASE))
+    assert summary["squad_mini"]["speed_ratio_documents"] == len(BASE)
+
+
+def test_the_main_job_says_in_words_what_a_comparison_can_and_cannot_tell():
+    from decodebench.demo import what_it_tells
+
+    row = {
+        "identical_generations": (2, 2),
+        "speed_ratio": 0.76,
+        "speed_ratio_interval": [0.7, 0.8],
+        "speed_ratio_documents": 2,
+        "quality": {"rougeLsum": {"vs_baseline": {"difference": 0.0, "p_value": 1.0}}},
+        "n": 2,
+    }
+    same, speed = what_it_tells(row)
+    assert "baseline's on 2 of 2 documents" in same and "slower" in speed and "only approximate" in speed
+    differing = {**row, "identical_generations": (1, 2), "speed_ratio_interval": [0.9, 1.2]}
+    differ, speed, quality = what_it_tells(differing)
+    assert "differ from the baseline's on 1 of 2" in differ and "includes 1" in speed
+    assert "rougeLsum: p = 1 at n = 2: this difference cannot be told from noise" in quality
+    told = {**differing, "quality": {"rougeLsum": {"vs_baseline": {"difference": 0.1, "p_value": 0.01}}}, "n": 40}
+    assert "told from noise (p = 0.01, n = 40)" in what_it_tells(told)[-1]
 
 
 def test_both_sides_arguments_are_checked_before_anything_runs(tmp_path, capsys, monkeypatch):

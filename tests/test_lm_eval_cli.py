@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import (
     console_script,
@@ -122,20 +124,28 @@ def test_unknown_model_argument_fails_clearly_and_writes_no_results(tmp_path):
 
 def test_main_job_runs_lm_eval_and_says_where_results_are(embedded_checkpoint, tmp_path):
     out = tmp_path / "results"
-    # CI runs the whole main job through README line 1; here one run on the smoke task suffices
-    command = ["demo", "--out", str(out), "--limit", "2", "--methods", "baseline", "--tasks", "squad_mini"]
+    # CI runs the whole main job through README line 1; here the baseline and the compared method on one task
+    command = ["demo", "--out", str(out), "--limit", "1", "--methods", "baseline,mtad", "--tasks", "squad_mini"]
     proc = run_command([console_script("decodebench"), *command], cwd=tmp_path)
     assert proc.returncode == 0, explain(proc)
     (results,) = results_files(out / "baseline")
     assert str(results) in proc.stdout
     assert "| squad_mini: normalized_accuracy | baseline |" in proc.stdout
+    assert "x baseline" not in proc.stdout  # no speed ratio between runs taken one after another
     assert (out / "leaderboard" / "leaderboard.html").is_file()
     assert f"leaderboard: {out / 'leaderboard' / 'leaderboard.html'}" in proc.stdout
     # lm-eval's own output is in the run's log, not on the terminal, which shows a progress bar per run
     log = (out / "baseline" / "lm_eval.log").read_text()
     assert "--apply_chat_template was not given" not in log  # the main job applies it
     assert log.startswith("$ lm_eval --model baseline") and "Running generate_until requests" in log
-    assert "Running generate_until requests" not in proc.stdout + proc.stderr and "[1/1] baseline: 100%" in proc.stderr
+    assert "Running generate_until requests" not in proc.stdout + proc.stderr and "[1/4] baseline: 100%" in proc.stderr
+    # the interleaved comparison: round 2 runs the compared method first, then the baseline, on the task run
+    assert proc.stderr.index("[3/4] mtad, round 2 on squad_mini") < proc.stderr.index("[4/4] baseline, round 2")
+    assert "Interleaved: round 1 ran the baseline, then the method" in proc.stdout
+    assert "| squad_mini | 1 |" in proc.stdout and "| 1 of 1 | normalized_accuracy |" in proc.stdout  # greedy MTAD
+    assert "Its generations are the baseline's on 1 of 1 documents" in proc.stdout
+    compared = json.loads((out / "interleaved" / "compare.json").read_text())["squad_mini"]
+    assert len(compared["round_speed_ratios"]) == 2 and compared["speed_ratio_documents"] == 1
     assert max(len(line) for line in proc.stdout.splitlines()) <= 160
 
 
