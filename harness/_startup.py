@@ -5,7 +5,7 @@ plain ``lm_eval --model lz`` cannot find a plugin's models unless something impo
 first. This module puts one small finder on ``sys.meta_path``. The finder does nothing until a
 module named in ``_HOOKS`` is imported, which only lm-eval and vLLM themselves do; it then lets
 that module load normally and afterwards calls the named function of
-``decodebench.lmeval_plugin`` with the module. A Python process that never imports lm_eval
+``decodebench.lmeval.plugin`` with the module. A Python process that never imports lm_eval
 therefore imports nothing else because of us (checked by tests/test_startup.py).
 
 Registering models right after ``lm_eval.models`` has run matters: registering earlier leaves
@@ -15,7 +15,7 @@ name disappears (reference/lm-eval-plugin.md section 1.3).
 
 import sys
 
-# lm-eval module -> hook in decodebench.lmeval_plugin run around its execution.
+# lm-eval module -> hook in decodebench.lmeval.plugin run around its execution.
 _HOOKS = {
     "lm_eval.models": "register_models",
     "lm_eval.tasks.manager": "add_task_folder",
@@ -30,7 +30,7 @@ _HOOKS = {
 class _HookedLoader:
     """Wraps a module's real loader and executes the module inside a decodebench hook.
 
-    A hook is a generator function of ``decodebench.lmeval_plugin`` with one ``yield``: what
+    A hook is a generator function of ``decodebench.lmeval.plugin`` with one ``yield``: what
     comes before it runs before the module executes, what comes after runs afterwards. A hook
     that fails only warns: lm-eval's own models and tasks must keep working whatever we do.
     """
@@ -58,7 +58,7 @@ class _HookedLoader:
 
     def _start_hook(self, module):
         try:
-            from decodebench import lmeval_plugin
+            from decodebench.lmeval import plugin as lmeval_plugin
 
             steps = getattr(lmeval_plugin, self._hook_name)(module)
             next(steps)

@@ -4,7 +4,7 @@
 midway (lm-eval turns ``do_sample=True, temperature=0`` into a warning and transformers into an
 error at the first batch; a NaN temperature samples garbage). Backends call it on every request
 before the first one runs, and ``lm_eval``'s ``--gen_kwargs`` is checked before the model loads
-(decodebench.lmeval_plugin).
+(decodebench.lmeval.plugin).
 
 ``decoding_record`` is the form results use to say how a task was decoded: ``{"do_sample":
 False}`` for greedy decoding, else the temperature and the top-k/top-p actually applied (None

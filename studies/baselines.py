@@ -24,7 +24,7 @@ from common import (
     run_header,
 )
 
-from decodebench.runs import LmEvalRun
+from decodebench.commands.runs import LmEvalRun
 
 DOC = "docs/baselines.md"
 TASKS = ["squad_mini", "spider_mini", "cnndm_mini", "aime_mini", "gpqa_mini"]

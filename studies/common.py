@@ -120,7 +120,7 @@ def kept_results(folder: Path) -> Path:
 
 def keep_sweep_runs(produced: dict, folder: Path) -> None:
     """A sweep's lm_eval runs ({Level: [{side: results} per round]}) kept as round-N/<level>/<side>/, the layout
-    decodebench.sweep.read_levels reads back."""
+    decodebench.commands.sweep.read_levels reads back."""
     for level, runs in produced.items():
         for number, files in enumerate(runs, 1):
             for side, results in files.items():
@@ -173,7 +173,7 @@ def serving(*vllm_args: str):
     import socket
     import subprocess
 
-    from decodebench.serve import wait_until_ready
+    from decodebench.commands.serve import wait_until_ready
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

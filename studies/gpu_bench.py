@@ -40,7 +40,7 @@ VLLM_TESTS = ("tests/test_mtad_vllm.py", "tests/test_vllm_processor.py")
 def methods(names: str | None = None) -> list:
     """The registered methods (``decodebench methods``) with the arguments the main job runs them with, or those
     named (comma-separated)."""
-    from decodebench.demo import registered_runs
+    from decodebench.commands.demo import registered_runs
 
     runs = [run for run in registered_runs() if run.name != "baseline"]
     if names:
@@ -64,7 +64,7 @@ def collect(
 ):
     import torch
 
-    from decodebench.compare import run_rounds
+    from decodebench.commands.compare import run_rounds
 
     started = time.time()
     device = "cuda" if torch.cuda.is_available() and not dry_run else "cpu"
@@ -223,7 +223,7 @@ def what_runs() -> list[str]:
 
 
 def method_tables(folder: Path, run: dict) -> list[str]:
-    from decodebench.compare import summarize
+    from decodebench.commands.compare import summarize
     from decodebench.reports.reader import read_run
     from decodebench.reports.tables import bound_text, p_text
 

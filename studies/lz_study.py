@@ -27,8 +27,8 @@ from pathlib import Path
 
 from common import doc_parser, write_doc
 
+from decodebench.commands.runs import LmEvalRun
 from decodebench.measure.machine import short_name
-from decodebench.runs import LmEvalRun
 
 
 @dataclass(frozen=True)

@@ -77,8 +77,8 @@ def server_args(draft: str) -> list[str]:
 def collect(folder: Path, argv: list[str], limit: int, rounds: int, max_gen_toks: int, out: str) -> None:
     from contextlib import ExitStack
 
-    from decodebench.runs import LmEvalRun
-    from decodebench.sweep import warm_up
+    from decodebench.commands.runs import LmEvalRun
+    from decodebench.commands.sweep import warm_up
 
     started = time.time()
     out_dir = Path(out).resolve()

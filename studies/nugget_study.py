@@ -39,7 +39,7 @@ import common
 from common import doc_parser, keep_lm_eval_run, kept_results, load_json, page, record_run, run_header, save_json
 from kvpress_peers import PRESSES
 
-from decodebench.runs import LmEvalRun, offline_env
+from decodebench.commands.runs import LmEvalRun, offline_env
 
 TASKS = {"squad_mini": ("normalized_accuracy", "accuracy"), "cnndm_mini": ("rougeLsum", "ROUGE-Lsum")}
 OURS = ("trained", "scorer only", "delimiter", "salience", "truncation", "streaming", "query-attention")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from common import doc_parser, load_json, page, record_run, run_header, save_json
 
-from decodebench.runs import LmEvalRun, offline_env
+from decodebench.commands.runs import LmEvalRun, offline_env
 
 DOC = "docs/benchmarks/overhead.md"
 TITLE = "Measurement overhead: decodebench's baseline against lm-eval's `--model hf`"

@@ -23,7 +23,7 @@ SERVER_ARGS = ("--max-model-len", "2048", "--seed", "0")
 
 
 def collect(folder: Path, argv: list[str], limit: int, rounds: int, max_gen_toks: int, out: str) -> None:
-    from decodebench.sweep import Level, run_levels
+    from decodebench.commands.sweep import Level, run_levels
 
     started = time.time()
     with serving(*SERVER_ARGS) as base_url:
@@ -49,8 +49,8 @@ LZ_BUFFER = 32  # the LZ penalty's default look-ahead buffer (models/lz/config.p
 
 
 def render(folder: Path) -> str:
+    from decodebench.commands.sweep import SIDES, read_levels, summarize
     from decodebench.reports.tables import bound_text, p_text
-    from decodebench.sweep import SIDES, read_levels, summarize
 
     run = load_json(folder, "run.json")
     summary = summarize(read_levels(folder))

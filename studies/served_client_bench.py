@@ -46,7 +46,7 @@ def fake_server(**timing):
 
 
 def run_decodebench(base_url: str, level: int, requests: int, out: Path) -> Path:
-    from decodebench.runs import LmEvalRun
+    from decodebench.commands.runs import LmEvalRun
 
     return LmEvalRun(
         model="baseline",

@@ -33,7 +33,7 @@ SAMPLED = "do_sample=true,temperature=1.0,top_k=20,top_p=0.9"  # Appendix F
 def collect(folder: Path, argv: list[str], limit: int, rounds: int, max_gen_toks: int, out: str) -> None:
     from mtad_vllm_bench import server_args
 
-    from decodebench.sweep import parse_levels, run_levels
+    from decodebench.commands.sweep import parse_levels, run_levels
 
     started = time.time()
     levels = parse_levels(None, LOADS, None, SLO)
@@ -67,7 +67,7 @@ def collect(folder: Path, argv: list[str], limit: int, rounds: int, max_gen_toks
 
 
 def render(folder: Path) -> str:
-    from decodebench.sweep import markdown, read_levels, summarize
+    from decodebench.commands.sweep import markdown, read_levels, summarize
 
     run = load_json(folder, "run.json")
     summary = summarize(read_levels(folder))

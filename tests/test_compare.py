@@ -9,8 +9,8 @@ import pytest
 from conftest import console_script, explain, run_command
 from test_reports import BASE, BETTER, results_file
 
-from decodebench.compare import summarize
-from decodebench.sides import SIDES, backend_args, parse_model_args
+from decodebench.commands.compare import summarize
+from decodebench.commands.sides import SIDES, backend_args, parse_model_args
 
 
 def test_the_speed_ratio_is_paired_per_document_over_the_rounds_and_quality_is_paired(tmp_path):
@@ -61,7 +61,7 @@ def test_rounds_pair_on_the_tasks_every_round_ran_and_count_the_baselines_genera
 
 
 def test_the_main_job_says_in_words_what_a_comparison_can_and_cannot_tell():
-    from decodebench.demo import what_it_tells
+    from decodebench.commands.demo import what_it_tells
 
     row = {
         "identical_generations": (2, 2),
@@ -84,7 +84,7 @@ def test_the_main_job_says_in_words_what_a_comparison_can_and_cannot_tell():
 def test_both_sides_arguments_are_checked_before_anything_runs(tmp_path, capsys, monkeypatch):
     """decodebench's command-line entry point in this process: a check that came after the first round would start
     an lm_eval run (and make the output folder) before failing."""
-    from decodebench.cli import main
+    from decodebench.commands.cli import main
 
     monkeypatch.chdir(tmp_path)
     method = ("--model-args", "pretrained=embedded,strength=nan")
@@ -150,7 +150,7 @@ def test_compare_runs_baseline_and_method_interleaved_through_lm_eval(tiny_check
 def test_a_sweep_with_a_bad_load_says_what_is_allowed_before_running(flags, message, tmp_path, capsys, monkeypatch):
     """decodebench's command-line entry point in this process (a new Python costs ~5 s a case): nothing listens at
     the base_url, so a check that came after the first run would fail there instead of naming the load."""
-    from decodebench.cli import main
+    from decodebench.commands.cli import main
 
     monkeypatch.chdir(tmp_path)
     try:
@@ -165,7 +165,7 @@ def test_a_sweep_with_a_bad_load_says_what_is_allowed_before_running(flags, mess
 def test_a_rate_sweep_names_the_highest_rate_each_side_kept_its_objectives():
     """From per-level summaries as decodebench sweep builds them: attainment pooled over rounds (Wilson interval),
     and the highest rate with at least the asked attainment, per side."""
-    from decodebench.sweep import highest_rate_kept, markdown, pooled_slo
+    from decodebench.commands.sweep import highest_rate_kept, markdown, pooled_slo
 
     objectives = {"ttft_s": 0.5}
 
@@ -210,8 +210,8 @@ def test_a_rate_sweep_runs_from_synchronous_to_throughput_and_names_the_heaviest
     """GuideLLM's ends by name: synchronous is a closed loop of one request (no arrival shape), throughput the open
     loop's highest rate (every request at once); they sort around the rates, keep their names through the output
     folders, and the heaviest load kept may be either, reported with the requests/s it answered."""
+    from decodebench.commands.sweep import Level, highest_rate_kept, markdown, parse_levels, pooled_slo
     from decodebench.models.backends.served_load import MAX_REQUEST_RATE
-    from decodebench.sweep import Level, highest_rate_kept, markdown, parse_levels, pooled_slo
 
     levels = parse_levels(None, "throughput,2,synchronous,0.5", "0.5", "ttft:500")
     assert [level.name for level in levels] == ["synchronous", "0.5 req/s", "2 req/s", "throughput"]

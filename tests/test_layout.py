@@ -127,10 +127,10 @@ def test_the_name_check_sees_a_branch_on_a_backend_name(tmp_path):
 def test_the_main_job_names_no_method():
     from decodebench.models.registry import METHODS
 
-    text = (REPO / "harness" / "demo.py").read_text().lower()
+    text = (REPO / "harness" / "commands" / "demo.py").read_text().lower()
     # "baseline" is also the word for what every comparison in its table is made against
     named = [name for name in METHODS if name != "baseline" and re.search(rf"\b{re.escape(name)}\b", text)]
-    assert not named, f"harness/demo.py names {named}: the demo must take its runs from the registry"
+    assert not named, f"harness/commands/demo.py names {named}: the demo must take its runs from the registry"
 
 
 def import_graph(package: Path) -> dict[str, set[str]]:

@@ -54,7 +54,7 @@ def test_a_processor_for_both_runners_builds_its_v1_twin_from_v1s_arguments():
 
 
 def test_decodebench_serve_starts_a_speculating_server_on_v1_and_says_what_contradicts(monkeypatch, capsys):
-    from decodebench.serve import run_serve, server_environment
+    from decodebench.commands.serve import run_serve, server_environment
 
     monkeypatch.delenv(RUNNER_ENV, raising=False)
     speculating = ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}']

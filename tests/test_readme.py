@@ -11,7 +11,7 @@ from conftest import REPO
 
 
 def test_the_methods_tables_are_the_configs_own():
-    from decodebench.cli import methods_markdown
+    from decodebench.commands.cli import methods_markdown
     from decodebench.models.registry import METHODS, load_method
 
     readme = (REPO / "README.md").read_text()

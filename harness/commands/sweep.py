@@ -26,8 +26,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from decodebench.runs import LmEvalRun
-from decodebench.sides import SIDES, UsageError, checked_sides, exit_codes
+from decodebench.commands.runs import LmEvalRun
+from decodebench.commands.sides import SIDES, UsageError, checked_sides, exit_codes
 
 # GuideLLM's two ends of a rate sweep, asked for by name in --request-rates: one request at a time, and every
 # request at once (vllm bench serve's default rate, inf, kept finite: the highest rate the open loop takes)

@@ -10,7 +10,7 @@ Each hook is a generator with one ``yield``, run around the execution of one lm-
   deliberately overrides lm-eval's) and before a user's ``--include_path`` (so users can
   override ours);
 - ``cache_task_index`` (after ``lm_eval.tasks._index``): lm-eval's own ~14,000 task YAMLs are parsed
-  once and kept in a cache keyed by their sizes and times (decodebench.task_index_cache), so that
+  once and kept in a cache keyed by their sizes and times (decodebench.lmeval.task_index_cache), so that
   every ``lm_eval`` start skips seconds of parsing; the index is the same;
 - ``attach_sample_measurements`` (after ``lm_eval.evaluator``): per-request measurements
   (tokens, latency, energy, method statistics) are added to each logged sample, so
@@ -116,7 +116,7 @@ def add_task_folder(manager_module):
 
 def cache_task_index(index_module):
     yield
-    from decodebench.task_index_cache import cached_index_build
+    from decodebench.lmeval.task_index_cache import cached_index_build
 
     index_class = index_module.TaskIndex
     original = index_class.__dict__["build"].__func__  # a staticmethod: TaskManager calls it on an instance

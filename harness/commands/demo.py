@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from decodebench.runs import LmEvalRun
+from decodebench.commands.runs import LmEvalRun
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,7 @@ def interleaved_section(compared: Run, rounds: list[dict[str, Path]], folder: Pa
     tell at this n."""
     import json
 
-    from decodebench.compare import markdown, summarize
+    from decodebench.commands.compare import markdown, summarize
     from decodebench.reports.reader import read_run
     from decodebench.reports.tables import finite
 

@@ -69,7 +69,7 @@ def _info(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     """Runs the real `lm_eval` command for each method on the bundled mini tasks with the embedded model, writes
     results under --out and prints where they are."""
-    from decodebench.demo import run_demo
+    from decodebench.commands.demo import run_demo
 
     return run_demo(out=args.out, limit=args.limit or None, methods=args.methods, tasks=args.tasks)
 
@@ -169,7 +169,7 @@ def _compare(args: argparse.Namespace) -> int:
     order alternates (A B, B A, ...) on the same model, tasks and settings, and reports per task the speed ratio
     paired per document with its 95% interval (and each round's ratio), and quality from the same generations with
     its paired difference, interval and p-value. Use it for any speed claim on a shared or noisy machine."""
-    from decodebench.compare import run_compare
+    from decodebench.commands.compare import run_compare
 
     return run_compare(
         args.model,
@@ -190,7 +190,7 @@ def _sweep(args: argparse.Namespace) -> int:
     and reports per level each side's throughput, the method's over the baseline's paired per round with its
     interval, TTFT and TPOT percentiles, quality from the same generations with its paired test, and with --slo each
     side's SLO attainment, goodput and the highest rate at which it kept --attainment of its requests within it."""
-    from decodebench.sweep import run_sweep
+    from decodebench.commands.sweep import run_sweep
 
     return run_sweep(
         args.model,
@@ -215,7 +215,7 @@ def _serve(args: argparse.Namespace) -> int:
     other argument to it unchanged, waits until it answers, prints the base_url and the lm_eval line that measures
     it (backend=served), and stops it cleanly on Ctrl-C. On vLLM's CPU build it sizes the KV cache from the model
     unless --kv-cache-memory-bytes or --gpu-memory-utilization is given."""
-    from decodebench.serve import run_serve
+    from decodebench.commands.serve import run_serve
 
     return run_serve(args.model, args.host, args.port, args.vllm_args, args.model_runner)
 
@@ -281,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = command("demo", _demo, "the main job: run the baseline and each method through lm_eval on the mini tasks")
     demo.add_argument("--out", default="results", help="output folder (default: results)")
-    from decodebench.demo import DEFAULT_LIMIT, MAX_GEN_TOKS
+    from decodebench.commands.demo import DEFAULT_LIMIT, MAX_GEN_TOKS
 
     demo.add_argument(
         "--limit",
@@ -388,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--limit", type=int, default=None, help="documents per task (lm_eval --limit)")
     sweep.add_argument("--gen-kwargs", default=None, help="lm_eval --gen_kwargs for both")
 
-    from decodebench.serve import DEFAULT_PORT
+    from decodebench.commands.serve import DEFAULT_PORT
 
     serve = command("serve", _serve, "start `vllm serve` with decodebench's plugins and print the lm_eval line")
     serve.add_argument("--model", default=None, help="a local path or hub id (default: the embedded model)")

@@ -22,8 +22,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from decodebench.runs import LmEvalRun
-from decodebench.sides import SIDES, checked_sides, exit_codes
+from decodebench.commands.runs import LmEvalRun
+from decodebench.commands.sides import SIDES, checked_sides, exit_codes
 
 
 def run_rounds(
