@@ -161,6 +161,8 @@ def run_second_round(
     from decodebench.reports.reader import read_run
 
     ran = list(read_run(produced[compared.name]).tasks)
+    if not ran:  # nothing to pair
+        return {}
     task = compared.compared_on if compared.compared_on in ran else ran[0]
     base = next(run for run in registered_runs() if run.name == BASELINE)
     second_round = {}
