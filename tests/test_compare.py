@@ -67,12 +67,16 @@ def test_the_main_job_says_in_words_what_a_comparison_can_and_cannot_tell():
         "identical_generations": (2, 2),
         "speed_ratio": 0.76,
         "speed_ratio_interval": [0.7, 0.8],
-        "speed_ratio_documents": 2,
+        "speed_ratio_documents": 20,
+        "round_speed_ratios": [0.75, 0.77],
         "quality": {"rougeLsum": {"vs_baseline": {"difference": 0.0, "p_value": 1.0}}},
         "n": 2,
     }
     same, speed = what_it_tells(row)
-    assert "baseline's on 2 of 2 documents" in same and "slower" in speed and "only approximate" in speed
+    assert "baseline's on 2 of 2 documents" in same and "slower" in speed and "excludes 1" in speed
+    # a bootstrap over 2 documents is not calibrated: no speed claim, whatever its interval says
+    (_, few) = what_it_tells({**row, "speed_ratio_documents": 2})
+    assert "not calibrated" in few and "slower" not in few and "0.75x, 0.77x" in few
     differing = {**row, "identical_generations": (1, 2), "speed_ratio_interval": [0.9, 1.2]}
     differ, speed, quality = what_it_tells(differing)
     assert "differ from the baseline's on 1 of 2" in differ and "includes 1" in speed

@@ -127,7 +127,8 @@ def run_demo(
             if produced[run.name] is None:
                 print(f"[{number}/{total}] {run.name} FAILED", flush=True)
         if compared and produced.get(BASELINE) and produced.get(compared.name):
-            second_round = run_second_round(compared, produced, out, limit, len(runs), total)
+            base = next(run for run in runs if run.name == BASELINE)
+            second_round = run_second_round(compared, base, produced, out, limit, len(runs), total)
     except KeyboardInterrupt:  # Ctrl-C: lm_eval got it too; keep what finished
         interrupted = True
         produced = {name: path for name, path in produced.items() if path is not None}
@@ -153,7 +154,13 @@ def run_demo(
 
 
 def run_second_round(
-    compared: Run, produced: dict[str, Path | None], out: Path, limit: int | None, done: int, total: int
+    compared: Run,
+    base: Run,
+    produced: dict[str, Path | None],
+    out: Path,
+    limit: int | None,
+    done: int,
+    total: int,
 ) -> dict[str, Path]:
     """Round 2 of the interleaved comparison, in the other order (the compared method, then the baseline), on the
     compared task (the first task round 1 ran when the main job does not run it); {side: results} of the runs that
@@ -164,7 +171,6 @@ def run_second_round(
     if not ran:  # nothing to pair
         return {}
     task = compared.compared_on if compared.compared_on in ran else ran[0]
-    base = next(run for run in registered_runs() if run.name == BASELINE)
     second_round = {}
     for number, (side, run) in enumerate((("method", compared), ("baseline", base)), done + 1):
         folder = out / "interleaved" / "round-2" / run.name
@@ -191,9 +197,11 @@ def interleaved_section(compared: Run, rounds: list[dict[str, Path]], folder: Pa
     (folder / "compare.md").write_text(markdown(summary, compared.model, compared.model_args, len(rounds)))
     (folder / "compare.json").write_text(json.dumps(finite(summary), indent=2, allow_nan=False) + "\n")
     tasks = read_run(rounds[0]["method"]).tasks
-    for task, row in summary.items():  # on the terminal, the task's main metric (compare.md has them all)
-        row["quality"] = {name: cell for name, cell in row["quality"].items() if name == tasks[task].primary_metric}
-    text = markdown(summary, compared.model, compared.model_args, len(rounds))
+    shown = {  # on the terminal, the task's main metric (compare.md has them all)
+        task: {**row, "quality": {k: v for k, v in row["quality"].items() if k == tasks[task].primary_metric}}
+        for task, row in summary.items()
+    }
+    text = markdown(shown, compared.model, compared.model_args, len(rounds))
     lines = ["", "Interleaved: round 1 ran the baseline, then the method; round 2 the other way round, on one task."]
     for line in text.splitlines():
         lines += [line] if line.startswith("|") else textwrap.wrap(line.lstrip("# "), WIDTH) or [""]
@@ -216,20 +224,22 @@ def what_it_tells(row: dict) -> list[str]:
         notes.append(f"Its generations differ from the baseline's on {both - same} of {both} documents.")
     low, high = row["speed_ratio_interval"] or (None, None)
     documents = row["speed_ratio_documents"]
-    caveat = (
-        f" (below {APPROXIMATE_BELOW} documents its coverage is only approximate)"
-        if documents < APPROXIMATE_BELOW
-        else ""
-    )
-    if low is not None and (low > 1 or high < 1):
+    per_round = ", ".join(f"{r:.2f}x" for r in row["round_speed_ratios"] if r is not None)
+    if low is not None and documents < APPROXIMATE_BELOW:  # a bootstrap over so few documents is not calibrated
+        notes.append(
+            f"Speed: {row['speed_ratio']:.2f}x over {documents} documents (rounds: {per_round}); below "
+            f"{APPROXIMATE_BELOW} documents the bootstrap interval is not calibrated, so this n cannot show a speed "
+            "difference (`decodebench demo --limit 10` or more)."
+        )
+    elif low is not None and (low > 1 or high < 1):
         notes.append(
             f"Speed: {row['speed_ratio']:.2f}x, {'faster' if low > 1 else 'slower'} than the baseline on this machine: "
-            f"the 95% interval over {documents} documents excludes 1{caveat}."
+            f"the 95% interval over {documents} documents excludes 1."
         )
     elif low is not None:
         notes.append(
             f"Speed: {row['speed_ratio']:.2f}x, but the 95% interval over {documents} documents includes 1: no speed "
-            f"difference can be told at this n{caveat}."
+            "difference can be told at this n."
         )
     tested = [(metric, cell["vs_baseline"]) for metric, cell in row["quality"].items() if cell["vs_baseline"]]
     if tested and same != both:
