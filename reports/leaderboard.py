@@ -30,6 +30,7 @@ from decodebench.reports.tables import (
     percentiles_text,
     ratio_text,
     speed_text,
+    speed_title,
 )
 
 
@@ -77,7 +78,7 @@ def _html_rows(rows: list[Row], metrics: list[str], primary: str | None) -> list
                 ),
                 "metrics": cells,
                 "delta": delta,
-                "speed": _cell(speed_text(row), row.tokens_per_second, row.speed_note or "95% bootstrap interval"),
+                "speed": _cell(speed_text(row), row.tokens_per_second, speed_title(row)),
                 "ratio": _cell(
                     ratio_text(row),
                     row.speed_ratio,

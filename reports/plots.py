@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import io
 
-from decodebench.reports.tables import Row
+from decodebench.reports.tables import Row, speed_interval
 
 
 def plain(text: str) -> str:
@@ -40,7 +40,7 @@ def _scatter(rows: list[Row], axis: str) -> str | None:
     # error bars: the quality interval, and the tokens/s interval on the speed plot
     yerr = [_span(r.metrics[r.task.primary_metric].interval, r.quality) for r in usable]
     xerr = [
-        _span(r.measurement.get("tokens_per_second_interval"), value(r)) if axis == "speed" else (0, 0) for r in usable
+        _span(speed_interval(r), value(r)) if axis == "speed" else (0, 0) for r in usable
     ]
     # fewer joules per token is better: the front maximizes -J/token
     front = pareto_front([(x if axis == "speed" else -x, y) for x, y in zip(xs, ys, strict=True)])

@@ -351,12 +351,31 @@ def ratio_text(row: Row) -> str:
     return f"{row.speed_ratio:.2f}x ({NOT_INTERLEAVED})"
 
 
+def speed_interval(row: Row) -> list[float] | None:
+    """The tokens/s bootstrap interval when it is worth showing: over fewer than APPROXIMATE_BELOW timed windows a
+    bootstrap is not calibrated, so none is shown (results written before windows were counted keep theirs)."""
+    units = row.measurement.get("tokens_per_second_units")
+    if units is not None and units < APPROXIMATE_BELOW:
+        return None
+    return row.measurement.get("tokens_per_second_interval")
+
+
 def speed_text(row: Row) -> str:
     tps = row.tokens_per_second
     if tps is None:
         return row.speed_note or "-"
-    interval = row.measurement.get("tokens_per_second_interval")
+    interval = speed_interval(row)
     return f"{tps:.1f}" + (f" [{interval[0]:.1f}, {interval[1]:.1f}]" if interval else "")
+
+
+def speed_title(row: Row) -> str:
+    """What a tokens/s cell's interval is, or why it has none."""
+    if row.speed_note:
+        return row.speed_note
+    if speed_interval(row) is None and row.tokens_per_second is not None:
+        units = row.measurement.get("tokens_per_second_units")
+        return f"no interval: {units} timed batch(es), and below {APPROXIMATE_BELOW} a bootstrap is not calibrated"
+    return "95% bootstrap interval over timed batches"
 
 
 def percentiles_text(values: dict | None, scale: float = 1.0, digits: int = 2) -> str:

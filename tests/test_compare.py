@@ -60,6 +60,21 @@ def test_rounds_pair_on_the_tasks_every_round_ran_and_count_the_baselines_genera
     assert summary["squad_mini"]["speed_ratio_documents"] == len(BASE)
 
 
+def test_compare_shows_no_speed_interval_below_10_documents(tmp_path):
+    """A bootstrap over fewer than 10 documents is not calibrated: compare.md gives the ratio and each round's, and
+    says why there is no interval; from 10 documents on, the interval."""
+    from decodebench.commands.compare import markdown
+
+    def speed_cell(documents: int) -> str:
+        task = {"squad_mini": (BASE[:documents], 100, 10.0)}
+        produced = {side: results_file(tmp_path / f"{side}{documents}", side, task) for side in SIDES}
+        table = markdown(summarize([produced]), "mtad", {}, 1)
+        return next(line for line in table.splitlines() if line.startswith("| squad_mini")).split(" | ")[2]
+
+    assert speed_cell(3) == "1.00x (no interval below 10 documents)"
+    assert speed_cell(len(BASE)) == "1.00x [1.00, 1.00]"
+
+
 def test_the_main_job_says_in_words_what_a_comparison_can_and_cannot_tell():
     from decodebench.commands.demo import what_it_tells
 

@@ -527,3 +527,15 @@ def test_html_leaderboard_in_headless_chromium(outputs, tmp_path):
         assert [e for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []
     finally:
         driver.quit()
+
+
+def test_tokens_per_second_shows_no_interval_over_fewer_than_10_timed_batches(tmp_path):
+    """A bootstrap over 3 timed batches is not calibrated: the cell gives the figure and its title says why."""
+    from decodebench.reports.tables import build_rows, speed_text, speed_title
+
+    results_file(tmp_path / "baseline", "baseline", {"squad_mini": (BASE, 100, 10.0)})
+    (row,) = build_rows(read_runs([tmp_path])[0])["squad_mini"]
+    row.measurement["tokens_per_second_units"] = 3
+    assert speed_text(row) == "10.0" and "no interval: 3 timed batch(es)" in speed_title(row)
+    row.measurement["tokens_per_second_units"] = 40
+    assert speed_text(row) == "10.0 [9.0, 11.0]" and speed_title(row).startswith("95% bootstrap interval")

@@ -144,14 +144,16 @@ def summarize(rounds: list[dict[str, Path]]) -> dict[str, dict]:
 
 
 def markdown(summary: dict[str, dict], model: str, model_args: dict, rounds: int) -> str:
-    from decodebench.reports.tables import bound_text, p_text
+    from decodebench.reports.tables import APPROXIMATE_BELOW, bound_text, p_text
 
     args = ",".join(f"{k}={v}" for k, v in model_args.items())
     lines = [
         f"# {model}{f' ({args})' if args else ''} against the baseline, {rounds} round(s) in alternating order",
         "",
         "Speed ratio: the method's tokens/s over the baseline's, paired per document (each document's tokens and "
-        "seconds summed over the rounds on each side), with its 95% bootstrap interval over documents.",
+        "seconds summed over the rounds on each side), with its 95% bootstrap interval over documents; below "
+        f"{APPROXIMATE_BELOW} documents no interval is shown (a bootstrap over so few is not calibrated: read the "
+        "rounds' ratios, and run more documents to tell a speed difference).",
         "",
         "| task | n | speed ratio [95% CI] | per round | same generations | metric | method [95% interval] "
         "| baseline | paired difference [95% CI] | p |",
@@ -161,6 +163,8 @@ def markdown(summary: dict[str, dict], model: str, model_args: dict, rounds: int
         if row["speed_ratio"] is not None:
             low, high = row["speed_ratio_interval"]
             ratio = f"{row['speed_ratio']:.2f}x [{low:.2f}, {high:.2f}]"
+            if row["speed_ratio_documents"] < APPROXIMATE_BELOW:
+                ratio = f"{row['speed_ratio']:.2f}x (no interval below {APPROXIMATE_BELOW} documents)"
             if row["speed_ratio_documents"] != row["n"]:  # documents with no timed generation are left out
                 ratio += f" ({row['speed_ratio_documents']} documents)"
         else:
