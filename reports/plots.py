@@ -39,9 +39,7 @@ def _scatter(rows: list[Row], axis: str) -> str | None:
     ys = [r.quality for r in usable]
     # error bars: the quality interval, and the tokens/s interval on the speed plot
     yerr = [_span(r.metrics[r.task.primary_metric].interval, r.quality) for r in usable]
-    xerr = [
-        _span(speed_interval(r), value(r)) if axis == "speed" else (0, 0) for r in usable
-    ]
+    xerr = [_span(speed_interval(r), value(r)) if axis == "speed" else (0, 0) for r in usable]
     # fewer joules per token is better: the front maximizes -J/token
     front = pareto_front([(x if axis == "speed" else -x, y) for x, y in zip(xs, ys, strict=True)])
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
