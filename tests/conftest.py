@@ -44,16 +44,17 @@ def run_lm_eval(*args: str, cwd: Path, timeout: int = 1200, **env: str) -> subpr
     return run_command([console_script("lm_eval"), *args], cwd=cwd, timeout=timeout, **env)
 
 
-def lm_eval_in_process(*args: str, cwd: Path) -> None:
+def lm_eval_in_process(*args: str, cwd: Path, **env: str) -> None:
     """``lm_eval ARGS`` run in this process: lm-eval's own command-line entry point with this argv, decodebench's
     start-up hook already active, offline, from ``cwd``. What the command writes, without starting a Python that
     imports torch, transformers and lm-eval again (~8 s a run here); for tests that read what a run wrote, not how
-    the command exits or what it prints (those run ``run_lm_eval``). A failed run raises."""
+    the command exits or what it prints (those run ``run_lm_eval``). ``env``: variables set for the run. A failed run
+    raises."""
     from lm_eval.__main__ import cli_evaluate
 
     argv, here, environ = sys.argv, Path.cwd(), dict(os.environ)
     sys.argv = ["lm_eval", *args]
-    os.environ.update(offline_env())
+    os.environ.update(offline_env(**env))
     os.chdir(cwd)
     try:
         cli_evaluate()
@@ -177,26 +178,39 @@ VLLM_MAX_GEN_TOKS = 24
 STRONG_LZ = ",strength=3.0,codelength=propositions"
 
 
+def lm_eval_with_vllm_engine(*args: str, cwd: Path) -> None:
+    """``lm_eval ARGS`` with the vLLM engine core in lm-eval's process: in this one (a subprocess would import torch,
+    lm-eval and vLLM again: ~20 s a run here), except where vLLM 0.32.0's CPU platform cannot start an engine here.
+    Its start-up scan of ``sys.modules`` for Triton kernels to override fails on llvmlite's function wrappers
+    (AttributeError in ``vllm/triton_utils/dispatcher.py``), and numba, which brings llvmlite, is what vLLM's n-gram
+    drafter (MTAD's ``draft=context``) imports: such a run, and any once llvmlite is imported, gets its own process."""
+    in_process = "draft=context" not in " ".join(args) and "llvmlite" not in sys.modules
+    if in_process:
+        lm_eval_in_process(*args, cwd=cwd, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+        return
+    proc = run_lm_eval(*args, cwd=cwd, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    assert proc.returncode == 0, explain(proc)
+
+
 @pytest.fixture(scope="session")
 def vllm_run(embedded_checkpoint, tmp_path_factory):
     """``vllm_run(model, extra)``: the output folder of ``lm_eval --model MODEL --model_args
     backend=vllm,pretrained=embedded,<VLLM_ENGINE><extra>`` on VLLM_TASKS (VLLM_LIMIT documents each, greedy,
-    VLLM_MAX_GEN_TOKS new tokens at most, batch 8, the chat template, samples logged), the engine core in lm_eval's
-    own process; each configuration runs once per session, the first time a test asks for it."""
+    VLLM_MAX_GEN_TOKS new tokens at most, batch 8, the chat template, samples logged), the engine core in lm-eval's
+    process (lm_eval_with_vllm_engine); each configuration runs once per session, the first time a test asks for
+    it."""
     runs: dict[tuple[str, str], Path] = {}
 
     def run(model: str, extra: str = "") -> Path:
         if (model, extra) not in runs:
             folder = tmp_path_factory.mktemp(f"vllm-{model}")
-            proc = run_lm_eval(
+            lm_eval_with_vllm_engine(
                 *("--model", model, "--model_args", f"backend=vllm,pretrained=embedded,{VLLM_ENGINE}{extra}"),
                 *("--tasks", ",".join(VLLM_TASKS), "--limit", str(VLLM_LIMIT), "--batch_size", "8"),
                 *("--gen_kwargs", f"max_gen_toks={VLLM_MAX_GEN_TOKS}", "--apply_chat_template"),
                 *("--output_path", str(folder / "out"), "--log_samples"),
                 cwd=folder,
-                VLLM_ENABLE_V1_MULTIPROCESSING="0",
             )
-            assert proc.returncode == 0, explain(proc)
             runs[model, extra] = folder / "out"
         return runs[model, extra]
 

@@ -6,7 +6,7 @@ import importlib.util
 import os
 
 import pytest
-from conftest import STRONG_LZ, VLLM_LIMIT, VLLM_TASKS, explain, read_results, read_samples, run_lm_eval
+from conftest import STRONG_LZ, VLLM_LIMIT, VLLM_TASKS, lm_eval_with_vllm_engine, read_results, read_samples
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.model]
 
@@ -16,28 +16,15 @@ if importlib.util.find_spec("vllm") is None and not os.environ.get("DECODEBENCH_
 # Small engine footprint: several engines may share this machine's memory; eager mode skips
 # the ~45 s torch.compile warm-up, which these tests do not measure.
 ENGINE_ARGS = "gpu_memory_utilization=0.3,max_model_len=1024,enforce_eager=True"
-# The engine core in the test's own process: its start takes ~7 s instead of ~32 s (two more
-# processes importing torch and vLLM); what is tested does not depend on where the core runs.
-IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 def test_lm_evals_own_vllm_model_still_works_on_the_cpu_build(embedded_checkpoint, tmp_path):
     out = tmp_path / "out"
-    proc = run_lm_eval(
-        "--model",
-        "vllm",
-        "--model_args",
-        f"pretrained={embedded_checkpoint},{ENGINE_ARGS}",
-        "--tasks",
-        "squad_mini",
-        "--limit",
-        "2",
-        "--output_path",
-        str(out),
+    lm_eval_with_vllm_engine(
+        *("--model", "vllm", "--model_args", f"pretrained={embedded_checkpoint},{ENGINE_ARGS}"),
+        *("--tasks", "squad_mini", "--limit", "2", "--output_path", str(out)),
         cwd=tmp_path,
-        **IN_PROCESS,
     )
-    assert proc.returncode == 0, explain(proc)
     assert "decodebench" not in read_results(out)["config"]
 
 
