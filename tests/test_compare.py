@@ -71,7 +71,7 @@ def test_compare_shows_no_speed_interval_below_10_documents(tmp_path):
         table = markdown(summarize([produced]), "mtad", {}, 1)
         return next(line for line in table.splitlines() if line.startswith("| squad_mini")).split(" | ")[2]
 
-    assert speed_cell(3) == "1.00x (no interval below 10 documents)"
+    assert speed_cell(3) == "1.00x (no CI, n < 10)"
     assert speed_cell(len(BASE)) == "1.00x [1.00, 1.00]"
 
 

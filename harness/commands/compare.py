@@ -152,7 +152,7 @@ def markdown(summary: dict[str, dict], model: str, model_args: dict, rounds: int
         "",
         "Speed ratio: the method's tokens/s over the baseline's, paired per document (each document's tokens and "
         "seconds summed over the rounds on each side), with its 95% bootstrap interval over documents; below "
-        f"{APPROXIMATE_BELOW} documents no interval is shown (a bootstrap over so few is not calibrated: read the "
+        f"{APPROXIMATE_BELOW} documents none is shown (no CI: a bootstrap over so few is not calibrated; read the "
         "rounds' ratios, and run more documents to tell a speed difference).",
         "",
         "| task | n | speed ratio [95% CI] | per round | same generations | metric | method [95% interval] "
@@ -164,7 +164,7 @@ def markdown(summary: dict[str, dict], model: str, model_args: dict, rounds: int
             low, high = row["speed_ratio_interval"]
             ratio = f"{row['speed_ratio']:.2f}x [{low:.2f}, {high:.2f}]"
             if row["speed_ratio_documents"] < APPROXIMATE_BELOW:
-                ratio = f"{row['speed_ratio']:.2f}x (no interval below {APPROXIMATE_BELOW} documents)"
+                ratio = f"{row['speed_ratio']:.2f}x (no CI, n < {APPROXIMATE_BELOW})"
             if row["speed_ratio_documents"] != row["n"]:  # documents with no timed generation are left out
                 ratio += f" ({row['speed_ratio_documents']} documents)"
         else:
