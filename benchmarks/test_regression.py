@@ -57,7 +57,7 @@ def test_repetition_detector_32k_tokens(benchmark):
 def embedded_model():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from decodebench.embedded import ensure_embedded_model
+    from decodebench.data.embedded import ensure_embedded_model
 
     path = ensure_embedded_model()
     return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)

@@ -140,7 +140,7 @@ def processor_rounds(before: str, rounds: int, steps: int) -> dict:
 # -- 3. end to end ---------------------------------------------------------------------------------
 def contexts(tokenizer, batch: int, length: int) -> list[list[int]]:
     """Deterministic contexts of ``length`` tokens cut from the bundled task texts, one offset per row."""
-    from decodebench.paths import TASKS_DIR
+    from decodebench.data.paths import TASKS_DIR
 
     text = " ".join(p.read_text() for p in sorted(TASKS_DIR.glob("*/*.jsonl")))
     ids = tokenizer(text).input_ids
@@ -222,7 +222,7 @@ def vllm_rounds(checkpoint: Path, batch: int, context: int, new_tokens: int, rou
 
 
 def collect(folder: Path, argv: list[str], rounds: int, quick: bool, before: str) -> None:
-    from decodebench.embedded import ensure_embedded_model
+    from decodebench.data.embedded import ensure_embedded_model
 
     started = time.time()
     checkpoint = ensure_embedded_model(log=print)

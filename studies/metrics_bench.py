@@ -23,7 +23,7 @@ TIMINGS_FILE = "timings.json"
 
 
 def _reference_tokens(tokenizer) -> np.ndarray:
-    from decodebench.infinigram_index import reference_corpus
+    from decodebench.data.infinigram_index import reference_corpus
 
     return np.concatenate(
         [np.asarray(tokenizer(doc, add_special_tokens=False).input_ids) for doc in reference_corpus()]
@@ -53,8 +53,8 @@ def repetition_rows(tokenizer, tokens: np.ndarray) -> list[tuple[str, float]]:
 def spider_rows() -> list[tuple[str, float]]:
     import importlib.util
 
+    from decodebench.data.paths import TASKS_DIR
     from decodebench.metrics import spider_execution_accuracy
-    from decodebench.paths import TASKS_DIR
 
     spec = importlib.util.spec_from_file_location("spider_utils", TASKS_DIR / "spider" / "utils.py")
     utils = importlib.util.module_from_spec(spec)
@@ -73,7 +73,7 @@ def spider_rows() -> list[tuple[str, float]]:
 def infinigram_rows(
     tokenizer, tokens: np.ndarray, checkpoint: str, workdir: str
 ) -> tuple[list[tuple[str, float]], dict]:
-    from decodebench.infinigram_index import Index, build_index
+    from decodebench.data.infinigram_index import Index, build_index
     from decodebench.metrics import infinigram_agreement
 
     rows = []
@@ -101,7 +101,7 @@ def infinigram_rows(
 def collect(folder: Path, argv: list[str]) -> None:
     from transformers import AutoTokenizer
 
-    from decodebench.embedded import ensure_embedded_model
+    from decodebench.data.embedded import ensure_embedded_model
 
     started = time.time()
     checkpoint = str(ensure_embedded_model(log=print))

@@ -63,7 +63,7 @@ def slug(row: str) -> str:
 
 
 def server_args(draft: str) -> list[str]:
-    from decodebench.embedded import resolve_pretrained
+    from decodebench.data.embedded import resolve_pretrained
     from decodebench.models.mtad.config import MTADConfig
     from decodebench.models.mtad.vllm_engine import speculative_config
 
@@ -125,7 +125,7 @@ def output_perplexities(results: Path) -> dict[str, dict[str, list[float]]]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from decodebench.embedded import resolve_pretrained
+    from decodebench.data.embedded import resolve_pretrained
     from decodebench.models.mtad.method import output_nll
 
     if not _scorer:

@@ -91,7 +91,7 @@ def measure(checkpoint_path: Path, ratios: list[float], count: int, questions: i
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from decodebench.embedded import ensure_embedded_model
+    from decodebench.data.embedded import ensure_embedded_model
     from decodebench.kernels.nugget import delimiter_scores, position_scores
     from decodebench.models.nugget.checkpoint import read_checkpoint
     from decodebench.models.nugget.compressor import layer_hidden_states

@@ -223,7 +223,7 @@ def kvpress_items(limits: dict[str, int | None]) -> list[dict]:
 
 # -- collecting ----------------------------------------------------------------------------------------------------
 def collect(folder: Path, argv: list[str], args) -> None:
-    from decodebench.embedded import ensure_embedded_model
+    from decodebench.data.embedded import ensure_embedded_model
     from decodebench.models.nugget.shipped import shipped_checkpoint, verify
 
     started = time.time()

@@ -71,7 +71,7 @@ def profile_own_work(run: LmEvalRun) -> dict:
 
 
 def collect(folder: Path, argv: list[str], rounds: int, task: str, limit: int, max_gen_toks: int, batch: int, out: str):
-    from decodebench.embedded import ensure_embedded_model
+    from decodebench.data.embedded import ensure_embedded_model
 
     started = time.time()
     checkpoint = str(ensure_embedded_model(log=print))

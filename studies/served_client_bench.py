@@ -65,7 +65,7 @@ def run_decodebench(base_url: str, level: int, requests: int, out: Path) -> Path
 
 
 def run_vllm(base_url: str, level: int, requests: int, out: Path) -> Path:
-    from decodebench.embedded import ensure_embedded_model
+    from decodebench.data.embedded import ensure_embedded_model
 
     out.mkdir(parents=True, exist_ok=True)
     command = [

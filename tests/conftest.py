@@ -126,7 +126,7 @@ def explain(proc: subprocess.CompletedProcess) -> str:
 @pytest.fixture(scope="session")
 def embedded_checkpoint() -> Path:
     """The embedded model, materialized once per cache folder (DECODEBENCH_HOME)."""
-    from decodebench.embedded import ensure_embedded_model
+    from decodebench.data.embedded import ensure_embedded_model
 
     return ensure_embedded_model()
 

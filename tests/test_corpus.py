@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from decodebench.corpus import CorpusError, read_corpus
+from decodebench.data.corpus import CorpusError, read_corpus
 
 
 def test_jsonl_text_or_article_txt_paragraphs_and_folders(tmp_path):
@@ -91,7 +91,7 @@ def test_a_dictd_database_reads_as_one_document_per_entry_unwrapped(tmp_path):
 
 
 def test_the_default_training_corpus_says_how_to_install_it(monkeypatch, tmp_path):
-    from decodebench import corpus
+    from decodebench.data import corpus
 
     missing = {str(tmp_path / "foldoc.index"): ("FOLDOC", "GFDL 1.1+", "dict-foldoc")}
     monkeypatch.setattr(corpus, "PROSE_DICTIONARIES", missing)

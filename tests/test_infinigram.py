@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from decodebench.infinigram_index import Index, InfinigramIndexError, build_index, check_index
+from decodebench.data.infinigram_index import Index, InfinigramIndexError, build_index, check_index
 from decodebench.metrics import infinigram_agreement
 
 pytestmark = pytest.mark.model  # needs the embedded model's tokenizer
@@ -170,7 +170,7 @@ def test_a_damaged_suffix_array_is_refused_without_recorded_checksums(small_inde
 
 def test_one_suffix_array_entry_outside_the_data_is_refused_wherever_it_is(small_index, tmp_path):
     """One pointer damaged between the entries the order check samples: the engine would follow it out of the data."""
-    from decodebench.infinigram_index import SUFFIX_ARRAY_SAMPLE
+    from decodebench.data.infinigram_index import SUFFIX_ARRAY_SAMPLE
 
     index, _ = small_index
     broken = damaged_copy(index, tmp_path, "one entry")
@@ -213,8 +213,8 @@ def test_the_reference_index_holds_no_gold_answer_of_a_bundled_sample(embedded_c
     reference index as an n-gram of 8 or more tokens (so none of 8 tokens, the shortest such n-gram)."""
     import importlib.util
 
+    from decodebench.data.paths import TASKS_DIR
     from decodebench.metrics.infinigram import default_index
-    from decodebench.paths import TASKS_DIR
 
     def utils(folder):
         spec = importlib.util.spec_from_file_location(f"utils_{folder}", TASKS_DIR / folder / "utils.py")

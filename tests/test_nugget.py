@@ -94,8 +94,8 @@ def test_every_selector_name_has_its_class():
 
 
 def read_context(row: int) -> str:
-    from decodebench.paths import TASKS_DIR
-    from decodebench.taskdata import read_records
+    from decodebench.data.paths import TASKS_DIR
+    from decodebench.data.taskdata import read_records
 
     return read_records(TASKS_DIR / "squad" / "squad_mini.jsonl")[row]["context"]
 
@@ -105,9 +105,9 @@ class TestNuggetModel:
     @pytest.fixture(scope="class")
     @classmethod
     def prompts(cls, tiny_checkpoint):
+        from decodebench.data.paths import TASKS_DIR
+        from decodebench.data.taskdata import read_records
         from decodebench.models.baseline import Baseline
-        from decodebench.paths import TASKS_DIR
-        from decodebench.taskdata import read_records
 
         cls.checkpoint = str(tiny_checkpoint)
         base = Baseline.create({"pretrained": cls.checkpoint, "device": "cpu"})

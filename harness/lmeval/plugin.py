@@ -39,7 +39,7 @@ import importlib.metadata
 import inspect
 import types
 
-from decodebench.paths import TASKS_DIR
+from decodebench.data.paths import TASKS_DIR
 
 _PATCHED = "_decodebench_patched"
 

@@ -98,7 +98,7 @@ def _installation(root: Path) -> str:
 
 
 def _cache_file(root: Path) -> Path:
-    from decodebench.paths import home
+    from decodebench.data.paths import home
 
     return home() / "lm-eval-task-index" / f"{_installation(root)}-{_fingerprint(root)}.json"
 

@@ -10,7 +10,7 @@ Each task's ``process_results`` adds ``generation_metrics(text)``:
   checksum), or why there is none, so that every results file says what its agreement means.
 
 The reference index is the default one (Python's documentation, built on first use, see
-decodebench.infinigram_index) unless ``DECODEBENCH_INFINIGRAM_INDEX`` names another index
+decodebench.data.infinigram_index) unless ``DECODEBENCH_INFINIGRAM_INDEX`` names another index
 folder, or ``none`` to switch the metric off. Each task opens it when it loads its documents
 (``open_reference``), so that a damaged index stops the run before any generation, with a
 message that says what is wrong; a failure while scoring one text leaves that text's agreement
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Reference:
-    index: object | None  # decodebench.infinigram_index.Index
+    index: object | None  # decodebench.data.infinigram_index.Index
     description: dict  # what results record: the index, or {"unavailable": reason}
 
 

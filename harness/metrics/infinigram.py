@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from decodebench.infinigram_index import Index
+from decodebench.data.infinigram_index import Index
 
 MAX_SUFFIX = 512  # the longest suffix consulted: effective n is at most 513
 CHUNK = 2048  # positions per parallel work item
@@ -59,7 +59,7 @@ def open_index(path: str) -> Index:
 @cache
 def default_index() -> Index:
     """The reference index for the embedded model's tokenizer, built on first use."""
-    from decodebench.infinigram_index import ensure_reference_index, load_tokenizer
+    from decodebench.data.infinigram_index import ensure_reference_index, load_tokenizer
 
     tokenizer = load_tokenizer("embedded")
     return Index(ensure_reference_index(tokenizer, "embedded"), tokenizer)

@@ -24,7 +24,7 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 from transformers import LogitsProcessorList
 from transformers.generation.streamers import BaseStreamer
 
-from decodebench.embedded import resolve_pretrained
+from decodebench.data.embedded import resolve_pretrained
 from decodebench.measure.energy import open_meter
 from decodebench.measure.memory import open_memory_meter
 from decodebench.models.backends.base import BackendLM

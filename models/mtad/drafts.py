@@ -210,7 +210,7 @@ def check_draft(spec: str, pretrained) -> None:
     if spec.startswith("self:"):
         from transformers import AutoConfig
 
-        from decodebench.embedded import resolve_pretrained
+        from decodebench.data.embedded import resolve_pretrained
 
         target, _ = resolve_pretrained(pretrained)
         if not isinstance(target, str):
@@ -248,7 +248,7 @@ def build_drafter(spec: str, lm, beams: int):
     if spec == "context":
         return ContextDrafter(lm.eot_token_id)
     if spec.startswith("infinigram"):
-        from decodebench.infinigram_index import Index, ensure_reference_index
+        from decodebench.data.infinigram_index import Index, ensure_reference_index
 
         location = spec.partition(":")[2]
         return InfinigramDrafter(

@@ -48,9 +48,9 @@ def self_draft_checkpoint(pretrained: str, k: int) -> Path:
     from filelock import FileLock
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from decodebench.data.paths import home
+    from decodebench.data.vocabulary import tokenizer_fingerprint
     from decodebench.models.mtad.drafts import layer_skip_draft
-    from decodebench.paths import home
-    from decodebench.vocabulary import tokenizer_fingerprint
 
     tokenizer = AutoTokenizer.from_pretrained(pretrained)
     name = f"{Path(str(pretrained).rstrip('/')).name}-{tokenizer_fingerprint(tokenizer)}-first-{k}"

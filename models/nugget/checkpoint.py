@@ -33,7 +33,7 @@ class CheckpointError(ValueError):
 def model_identity(model, tokenizer) -> dict[str, Any]:
     """What a checkpoint must match: sizes, vocabulary, and a probe of the embedding weights
     (64 fixed entries, compared with a tolerance so that another dtype of the same model passes)."""
-    from decodebench.vocabulary import tokenizer_fingerprint
+    from decodebench.data.vocabulary import tokenizer_fingerprint
 
     weights = model.get_input_embeddings().weight.detach().float().flatten()
     positions = torch.arange(PROBE_SIZE) * (weights.numel() - 1) // (PROBE_SIZE - 1)

@@ -136,9 +136,9 @@ class TrainedNugget(Selector):
     name = "trained"
 
     def __init__(self, config: NuggetConfig):
+        from decodebench.data.paths import sha256_file
         from decodebench.models.nugget.checkpoint import CheckpointError, read_checkpoint
         from decodebench.models.nugget.shipped import shipped_checkpoint, verify
-        from decodebench.paths import sha256_file
 
         super().__init__(config)
         shipped = config.selector == self.name

@@ -17,8 +17,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from decodebench.data.paths import sha256_file
 from decodebench.models.nugget.checkpoint import CheckpointError
-from decodebench.paths import sha256_file
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 SHIPPED_MODEL = "embedded"  # the model the shipped checkpoints were trained for

@@ -26,7 +26,7 @@ budget is ``steps`` (about 1.5 hours for the embedded model on one core), so the
 is higher (5e-4), the warm-up 5% of the steps, then cosine to zero. Everything else is the paper's.
 
 The corpus is plain prose that no task evaluates on (by default three dictionaries that Debian
-packages: FOLDOC, the Jargon File and The Devil's Dictionary, harness/corpus.py; the paper's general
+packages: FOLDOC, the Jargon File and The Devil's Dictionary, harness/data/corpus.py; the paper's general
 web text cannot be downloaded here), and any document that shares a 13-word sequence with the
 bundled evaluation samples (squad_mini, cnndm_mini) is dropped, and how many were is recorded. A
 held-out 3% of the documents (by a hash of their text) gives the held-out loss reported at the
@@ -81,7 +81,7 @@ def shingles(text: str) -> set[int]:
 
 def evaluation_texts() -> Iterable[str]:
     """The texts of the bundled evaluation samples that a training corpus must not contain."""
-    from decodebench.paths import TASKS_DIR
+    from decodebench.data.paths import TASKS_DIR
 
     for file, fields in (
         ("squad/squad_mini.jsonl", ("context", "question")),
@@ -94,9 +94,9 @@ def evaluation_texts() -> Iterable[str]:
 
 
 def read_documents(corpus: str | None) -> tuple[list[str], str]:
-    """Documents of ``corpus`` (decodebench.corpus: .jsonl, .txt, a dictd index or a folder; default: the prose
+    """Documents of ``corpus`` (decodebench.data.corpus: .jsonl, .txt, a dictd index or a folder; default: the prose
     of three Debian dictionaries, ``PROSE_CORPUS``) and what it is, for the record."""
-    from decodebench.corpus import PROSE_CORPUS, prose_corpus, read_corpus
+    from decodebench.data.corpus import PROSE_CORPUS, prose_corpus, read_corpus
 
     if corpus is None or corpus == PROSE_CORPUS:
         return prose_corpus(), PROSE_CORPUS
@@ -260,7 +260,7 @@ def held_out_loss(model, scorer, adapters, windows: list[Window], ratio: float) 
 # -- training ----------------------------------------------------------------------------------
 def default_checkpoint(model_name: str, ratio: float) -> Path:
     """Where ``train-nugget`` saves by default (the shipped compressors are in models/nugget/weights/)."""
-    from decodebench.paths import home
+    from decodebench.data.paths import home
 
     return home() / "nugget" / f"{model_name}-r{ratio:g}.safetensors"
 

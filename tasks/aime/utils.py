@@ -2,8 +2,8 @@ from pathlib import Path
 
 from lm_eval.tasks.aime.utils import process_results as aime_exact_match
 
+from decodebench.data.taskdata import benchmark_records, read_records, split_of
 from decodebench.metrics.generation import generation_metrics
-from decodebench.taskdata import benchmark_records, read_records, split_of
 
 HERE = Path(__file__).parent
 

@@ -3,8 +3,8 @@ import random
 import re
 from pathlib import Path
 
+from decodebench.data.taskdata import FIELDS, benchmark_records, read_records, split_of
 from decodebench.metrics.generation import generation_metrics
-from decodebench.taskdata import FIELDS, benchmark_records, read_records, split_of
 
 LETTERS = "ABCD"
 _ANSWER_IS = re.compile(r"answer is:?\s*\(?\s*([ABCD])\b", re.IGNORECASE)

@@ -11,10 +11,10 @@ several ``.sqlite`` files (the test-suite distribution), a prediction must match
 import sqlite3
 from pathlib import Path
 
+from decodebench.data.taskdata import FIELDS, LOCAL_FILES, SPIDER_DATABASES, benchmark_records, read_records, split_of
 from decodebench.metrics import spider_execution_accuracy
 from decodebench.metrics.generation import generation_metrics
 from decodebench.metrics.spider import SpiderError, check_gold_query
-from decodebench.taskdata import FIELDS, LOCAL_FILES, SPIDER_DATABASES, benchmark_records, read_records, split_of
 
 HERE = Path(__file__).parent
 

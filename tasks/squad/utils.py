@@ -1,8 +1,8 @@
 from pathlib import Path
 
+from decodebench.data.taskdata import benchmark_records, bundled_split, split_of
 from decodebench.metrics import squad_exact_match, squad_f1, squad_normalized_accuracy
 from decodebench.metrics.generation import generation_metrics
-from decodebench.taskdata import benchmark_records, bundled_split, split_of
 
 
 def load(data_dir=None, **kwargs):
