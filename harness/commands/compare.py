@@ -143,6 +143,14 @@ def summarize(rounds: list[dict[str, Path]]) -> dict[str, dict]:
     return summary
 
 
+def speed_interval_calibrated(row: dict) -> bool:
+    """Whether a summarized row's speed-ratio interval may be shown: a bootstrap over fewer than APPROXIMATE_BELOW
+    documents is not calibrated (compare.md and the main job's words both follow this)."""
+    from decodebench.stats import APPROXIMATE_BELOW
+
+    return row["speed_ratio_interval"] is not None and row["speed_ratio_documents"] >= APPROXIMATE_BELOW
+
+
 def markdown(summary: dict[str, dict], model: str, model_args: dict, rounds: int) -> str:
     from decodebench.reports.tables import APPROXIMATE_BELOW, bound_text, p_text
 
@@ -161,9 +169,10 @@ def markdown(summary: dict[str, dict], model: str, model_args: dict, rounds: int
     ]
     for task, row in summary.items():
         if row["speed_ratio"] is not None:
-            low, high = row["speed_ratio_interval"]
-            ratio = f"{row['speed_ratio']:.2f}x [{low:.2f}, {high:.2f}]"
-            if row["speed_ratio_documents"] < APPROXIMATE_BELOW:
+            if speed_interval_calibrated(row):
+                low, high = row["speed_ratio_interval"]
+                ratio = f"{row['speed_ratio']:.2f}x [{low:.2f}, {high:.2f}]"
+            else:
                 ratio = f"{row['speed_ratio']:.2f}x (no CI, n < {APPROXIMATE_BELOW})"
             if row["speed_ratio_documents"] != row["n"]:  # documents with no timed generation are left out
                 ratio += f" ({row['speed_ratio_documents']} documents)"

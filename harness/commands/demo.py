@@ -212,6 +212,7 @@ def interleaved_section(compared: Run, rounds: list[dict[str, Path]], folder: Pa
 
 def what_it_tells(row: dict) -> list[str]:
     """What a person can take from one task's interleaved comparison, in words."""
+    from decodebench.commands.compare import speed_interval_calibrated
     from decodebench.reports.tables import APPROXIMATE_BELOW
 
     same, both = row["identical_generations"]
@@ -225,7 +226,7 @@ def what_it_tells(row: dict) -> list[str]:
     low, high = row["speed_ratio_interval"] or (None, None)
     documents = row["speed_ratio_documents"]
     per_round = ", ".join(f"{r:.2f}x" for r in row["round_speed_ratios"] if r is not None)
-    if low is not None and documents < APPROXIMATE_BELOW:  # a bootstrap over so few documents is not calibrated
+    if low is not None and not speed_interval_calibrated(row):
         notes.append(
             f"Speed: {row['speed_ratio']:.2f}x over {documents} documents (rounds: {per_round}); below "
             f"{APPROXIMATE_BELOW} documents the bootstrap interval is not calibrated, so this n cannot show a speed "
