@@ -41,7 +41,25 @@ def run_command(args: list[str], cwd: Path, timeout: int = 1200, **env: str) -> 
 
 
 def run_lm_eval(*args: str, cwd: Path, timeout: int = 1200, **env: str) -> subprocess.CompletedProcess:
-    return run_command([console_script("lm_eval"), *args], cwd=cwd, timeout=timeout, **env)
+    """``lm_eval ARGS`` in a process of its own, as decodebench's commands run it (``decodebench.commands.runs``:
+    forked from a process that imported lm-eval, torch and transformers once, ~8 s a run less than starting the
+    console script); its exit code and what it wrote to stdout and stderr. Tests of the console script itself (the
+    start-up hook) run it with ``run_command``."""
+    import tempfile
+
+    from decodebench.commands.runs import lm_eval_process, wait
+
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        process = lm_eval_process(list(args), cwd=cwd, env=offline_env(**env), stdout=out.fileno(), stderr=err.fileno())
+        code = wait(process, timeout)
+        if code is None:
+            process.kill()
+            process.join()
+            raise subprocess.TimeoutExpired(["lm_eval", *args], timeout)
+        out.seek(0)
+        err.seek(0)
+        text = [stream.read().decode(errors="replace") for stream in (out, err)]
+    return subprocess.CompletedProcess(["lm_eval", *args], code, *text)
 
 
 def lm_eval_in_process(*args: str, cwd: Path, **env: str) -> None:

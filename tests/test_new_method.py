@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import console_script, explain, read_results, read_samples, run_command, run_lm_eval
+from conftest import console_script, explain, read_results, read_samples, run_command
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
@@ -66,19 +66,14 @@ def test_a_new_method_in_one_module_runs_through_lm_eval(toy_distribution, tiny_
     assert "--model endafter: greedy decoding cut after a fixed number of tokens" in listing.stdout
 
     out = tmp_path / "out"
-    proc = run_lm_eval(
-        *("--model", "endafter", "--model_args", f"pretrained={tiny_checkpoint},tokens=2"),
-        *(
-            "--tasks",
-            "squad_mini",
-            "--gen_kwargs",
-            "max_gen_toks=12",
-            "--limit",
-            "3",
-            "--output_path",
-            str(out),
-            "--log_samples",
-        ),
+    # the console script: a new distribution on PYTHONPATH is found by a Python that starts after it is there
+    proc = run_command(
+        [
+            *(console_script("lm_eval"), "--model", "endafter"),
+            *("--model_args", f"pretrained={tiny_checkpoint},tokens=2"),
+            *("--tasks", "squad_mini", "--gen_kwargs", "max_gen_toks=12", "--limit", "3"),
+            *("--output_path", str(out), "--log_samples"),
+        ],
         cwd=tmp_path,
         **env,
     )

@@ -1,6 +1,6 @@
 """The main job (README line 1): every method through the real ``lm_eval`` command, offline.
 
-Each run is one ``lm_eval`` subprocess on the embedded model and the bundled mini tasks,
+Each run is one ``lm_eval`` process (decodebench.commands.runs) on the embedded model and the bundled mini tasks,
 written to ``OUT/<run>/`` with lm-eval's own output in ``OUT/<run>/lm_eval.log`` (the terminal shows one progress
 bar per run); afterwards a short table of quality, tokens/s and J/token is printed with the path of every results
 file, and the leaderboard of the runs is written to ``OUT/leaderboard/``.
@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from decodebench.commands.runs import LmEvalRun
+from decodebench.commands.runs import LmEvalRun, start_fork_server
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,7 @@ def run_demo(
     # control); its lm_eval runs then get the default back too
     signal.signal(signal.SIGINT, signal.default_int_handler)
     started = time.time()
+    start_fork_server()  # the runs' imports, while the embedded model is checked (or built, the first time)
     try:
         checkpoint = ensure_embedded_model(log=lambda msg: print(msg, flush=True))
     except EmbeddedModelError as exc:

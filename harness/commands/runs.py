@@ -1,23 +1,172 @@
 """Running the real ``lm_eval`` command, offline, and finding what it wrote.
 
-The main job (``decodebench demo``), the studies under studies/ and the interleaved comparisons
-all run lm-eval the way a user does: ``python -m lm_eval --model ... --output_path ...`` in a
-subprocess of the current interpreter, with the hub switched off.
+The main job (``decodebench demo``), the studies under studies/ and the interleaved comparisons run lm-eval as a
+user does: ``lm_eval --model ... --output_path ...``, lm-eval's own command-line entry point, each run in a process
+of its own (its own memory, environment, working directory, output and exit code), with the hub switched off.
+
+Starting Python and importing torch, transformers and lm-eval again costs ~8 s a run on two cores, more than many
+runs take, so each run's process is forked from one that has imported them once (``multiprocessing``'s fork server,
+``lm_eval_process``) instead of starting ``python -m lm_eval``. The fork server never runs a tensor operation:
+torch's OpenMP thread pool does not survive a fork, and the child of a process that has used it hangs at its first
+parallel operation; nor does it initialize CUDA, which a forked process cannot use again (should an import ever do
+so, each run starts a fresh Python instead).
 """
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import os
-import subprocess
 import sys
+import threading
 import time
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
+
+# What every lm_eval run imports before it reads a task, imported once by the fork server. Not vLLM: importing it
+# costs runs that do not use it, and the fork server must stay free of threads and tensor operations.
+PRELOAD = [
+    "torch",
+    "transformers",
+    "datasets",
+    "lm_eval.__main__",
+    "lm_eval.evaluator",
+    "lm_eval.models",
+    "lm_eval.models.huggingface",
+    "decodebench.models.backends.hf",
+]
 
 
 def offline_env() -> dict[str, str]:
     """Nothing may reach the Hugging Face hub: models and data are local."""
     return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def start_fork_server() -> None:
+    """Start the fork server now, so that its imports overlap with other work (the first run waits for them)."""
+    from multiprocessing import forkserver
+
+    # hub settings are read when huggingface_hub is imported: the fork server imports it offline
+    os.environ.update({key: value for key, value in offline_env().items() if key.startswith(("HF_", "TOKENIZERS"))})
+    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    with _main_module_left_out():
+        forkserver.ensure_running()
+
+
+def lm_eval_process(
+    argv: list[str],
+    cwd: str | Path | None = None,
+    env: dict[str, str] | None = None,
+    stdout: int | None = None,
+    stderr: int | None = None,
+) -> multiprocessing.process.BaseProcess:
+    """``lm_eval ARGV`` started in a process of its own, forked from the fork server: from ``cwd`` (default: this
+    one's), with ``env`` as its whole environment (default: ``offline_env()``), writing to the file descriptors
+    ``stdout`` and ``stderr`` (default: this process's). ``join()`` it; its ``exitcode`` is lm_eval's.
+
+    What Python reads as it starts (``PYTHONPATH`` and the other ``PYTHON*`` variables, and with them the installed
+    distributions and their entry points) is the fork server's: an ``env`` that changes it is refused (run the
+    ``lm_eval`` console script for that)."""
+    env = env if env is not None else offline_env()
+    changed = sorted(
+        key for key in {*env, *os.environ} if key.startswith("PYTHON") and env.get(key) != os.environ.get(key)
+    )
+    if changed:
+        raise ValueError(f"a forked lm_eval run keeps this interpreter's start-up settings; env changes {changed}")
+    start_fork_server()
+    context = multiprocessing.get_context("forkserver")
+    process = context.Process(
+        target=_lm_eval_main,
+        args=(
+            list(argv),
+            str(cwd or Path.cwd()),
+            env,
+            _Descriptor(_fileno(sys.stdout, 1) if stdout is None else stdout),
+            _Descriptor(_fileno(sys.stderr, 2) if stderr is None else stderr),
+        ),
+        name="lm_eval",
+    )
+    with _main_module_left_out():
+        process.start()
+    return process
+
+
+_MAIN_SWAP = threading.Lock()
+
+
+@contextlib.contextmanager
+def _main_module_left_out():
+    """multiprocessing runs the parent's main script again in each child it starts this way (so that functions
+    defined there can be unpickled): a run needs nothing of it, it costs the script's imports a run, and a script
+    without an ``if __name__ == "__main__":`` guard would start over in the child. While a run starts, ``__main__``
+    is an empty module."""
+    with _MAIN_SWAP:
+        main = sys.modules["__main__"]
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            yield
+        finally:
+            sys.modules["__main__"] = main
+
+
+def wait(process: multiprocessing.process.BaseProcess, timeout: float | None = None) -> int | None:
+    """``process``'s exit code once it has ended, or None when ``timeout`` seconds passed first; Ctrl-C (or any
+    other exception) while waiting kills it, leaving nothing of it behind."""
+    try:
+        process.join(timeout)
+    except BaseException:
+        process.kill()
+        process.join()
+        raise
+    return process.exitcode
+
+
+class _Descriptor:
+    """A file descriptor handed to the forked run (multiprocessing passes it over the fork server's socket)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        from multiprocessing.reduction import DupFd
+
+        return _received, (DupFd(self.fd),)
+
+
+def _received(dup) -> int:
+    return dup.detach()
+
+
+def _fileno(stream, default: int) -> int:
+    try:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by something without one (a capture buffer)
+        return default
+
+
+def _lm_eval_main(argv: list[str], cwd: str, env: dict[str, str], stdout: int, stderr: int) -> None:
+    """The forked run: the console script's ``lm_eval`` with this argv, environment and working directory."""
+    import atexit
+
+    for fd, standard in ((stdout, 1), (stderr, 2)):
+        os.dup2(fd, standard)
+        os.close(fd)
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = ["lm_eval", *argv]
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda._is_in_bad_fork():  # CUDA was initialized before the fork: a fresh Python
+        os.execve(sys.executable, [sys.executable, "-m", "lm_eval", *argv], env)
+    from lm_eval.__main__ import cli_evaluate
+
+    try:
+        cli_evaluate()
+    finally:
+        # what the interpreter runs at exit (multiprocessing ends a child with os._exit): lm-eval's and vLLM's
+        # clean-ups, engine processes included
+        atexit._run_exitfuncs()
 
 
 @dataclass(frozen=True)
@@ -35,31 +184,38 @@ class LmEvalRun:
     log_samples: bool = True
     extra: tuple[str, ...] = ()
 
-    def command(self) -> list[str]:
+    def arguments(self) -> list[str]:
+        """``lm_eval``'s arguments."""
         args = ",".join(f"{key}={value}" for key, value in self.model_args.items())
-        command = [sys.executable, "-m", "lm_eval", "--model", self.model]
+        arguments = ["--model", self.model]
         if args:
-            command += ["--model_args", args]
-        command += ["--tasks", ",".join(self.tasks), "--batch_size", str(self.batch_size)]
-        command += ["--output_path", str(self.output_path)]
+            arguments += ["--model_args", args]
+        arguments += ["--tasks", ",".join(self.tasks), "--batch_size", str(self.batch_size)]
+        arguments += ["--output_path", str(self.output_path)]
         if self.limit is not None:
-            command += ["--limit", str(self.limit)]
+            arguments += ["--limit", str(self.limit)]
         if self.gen_kwargs:
-            command += ["--gen_kwargs", self.gen_kwargs]
+            arguments += ["--gen_kwargs", self.gen_kwargs]
         if self.chat_template:
-            command.append("--apply_chat_template")
+            arguments.append("--apply_chat_template")
         if self.log_samples:
-            command.append("--log_samples")
-        return [*command, *self.extra]
+            arguments.append("--log_samples")
+        return [*arguments, *self.extra]
+
+    def command(self) -> list[str]:
+        """The same run as a command line of this interpreter (``python -m lm_eval ...``)."""
+        return [sys.executable, "-m", "lm_eval", *self.arguments()]
 
     def shown(self) -> str:
         """The command as a user would type it."""
-        return "lm_eval " + " ".join(_quote(part) for part in self.command()[3:])
+        return "lm_eval " + " ".join(_quote(part) for part in self.arguments())
 
     def run(self) -> Path | None:
-        """Run it; the results file it wrote, or None when it failed."""
+        """Run it, its output on this process's; the results file it wrote, or None when it failed."""
         started = time.time()
-        if subprocess.call(self.command(), env=offline_env()) != 0:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if wait(lm_eval_process(self.arguments())) != 0:
             return None
         return newest_results(self.output_path, started)
 
@@ -76,19 +232,24 @@ class LmEvalRun:
         answered = re.compile(rb"generate_until:\s*\d+%\|[^|]*\|\s*(\d+)/(\d+)")
         with open(log, "ab", buffering=0) as sink, tqdm(desc=label, unit="request", dynamic_ncols=True) as bar:
             sink.write(f"$ {self.shown()}\n".encode())
-            process = subprocess.Popen(self.command(), env=offline_env(), stdout=sink, stderr=subprocess.PIPE)
+            read_end, write_end = os.pipe()
             try:
-                while chunk := process.stderr.read1(1 << 16):
-                    sink.write(chunk)  # O_APPEND: interleaved with what lm-eval writes to stdout, never over it
-                    if found := answered.findall(chunk):
-                        done, total = map(int, found[-1])
-                        bar.total, bar.n = total, done
-                        bar.refresh()
-                code = process.wait()
-            except BaseException:  # Ctrl-C (lm_eval got it too): nothing of it outlives this run
-                process.kill()
-                process.wait()
-                raise
+                process = lm_eval_process(self.arguments(), stdout=sink.fileno(), stderr=write_end)
+            finally:
+                os.close(write_end)  # the run holds its own copy: the pipe ends when the run does
+            with open(read_end, "rb", buffering=0) as errors:
+                try:
+                    while chunk := errors.read(1 << 16):
+                        sink.write(chunk)  # O_APPEND: interleaved with what lm-eval writes to stdout, never over it
+                        if found := answered.findall(chunk):
+                            done, total = map(int, found[-1])
+                            bar.total, bar.n = total, done
+                            bar.refresh()
+                except BaseException:  # Ctrl-C (lm_eval got it too): nothing of it outlives this run
+                    process.kill()
+                    process.join()
+                    raise
+            code = wait(process)
         if code != 0:
             tail = log.read_text(errors="replace").splitlines()[-25:]
             print("\n".join(["lm_eval failed; the end of its log:", *tail, f"(all of it: {log})"]), flush=True)
