@@ -126,6 +126,7 @@ def test_main_job_runs_lm_eval_and_says_where_results_are(embedded_checkpoint, t
     out = tmp_path / "results"
     # CI runs the whole main job through README line 1; here the baseline and the compared method on one task
     command = ["demo", "--out", str(out), "--limit", "1", "--methods", "baseline,mtad", "--tasks", "squad_mini"]
+    command += ["--compared-limit", "1"]
     proc = run_command([console_script("decodebench"), *command], cwd=tmp_path)
     assert proc.returncode == 0, explain(proc)
     (results,) = results_files(out / "baseline")
@@ -138,9 +139,11 @@ def test_main_job_runs_lm_eval_and_says_where_results_are(embedded_checkpoint, t
     log = (out / "baseline" / "lm_eval.log").read_text()
     assert "--apply_chat_template was not given" not in log  # the main job applies it
     assert log.startswith("$ lm_eval --model baseline") and "Running generate_until requests" in log
-    assert "Running generate_until requests" not in proc.stdout + proc.stderr and "[1/4] baseline: 100%" in proc.stderr
-    # the interleaved comparison: round 2 runs the compared method first, then the baseline, on the task run
-    assert proc.stderr.index("[3/4] mtad, round 2 on squad_mini") < proc.stderr.index("[4/4] baseline, round 2")
+    assert "Running generate_until requests" not in proc.stdout + proc.stderr and "[1/6] baseline: 100%" in proc.stderr
+    # the interleaved comparison, after every run: round 1 runs the baseline first, round 2 the compared method
+    assert proc.stderr.index("[2/6] mtad: 100%") < proc.stderr.index("[3/6] baseline, round 1 on squad_mini")
+    assert proc.stderr.index("[3/6] baseline, round 1") < proc.stderr.index("[4/6] mtad, round 1 on squad_mini")
+    assert proc.stderr.index("[5/6] mtad, round 2 on squad_mini") < proc.stderr.index("[6/6] baseline, round 2")
     assert "Interleaved: round 1 ran the baseline, then the method" in proc.stdout
     assert "| squad_mini | 1 |" in proc.stdout and "| 1 of 1 | normalized_accuracy |" in proc.stdout  # greedy MTAD
     assert "Its generations are the baseline's on 1 of 1 documents" in proc.stdout
@@ -175,7 +178,7 @@ def test_ctrl_c_in_the_main_job_reports_the_runs_that_finished(embedded_checkpoi
         start_new_session=True,  # its own process group, as a terminal's Ctrl-C reaches it
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # as a script's `cmd &` starts it
     )
-    # lz's progress bar gets its total once lm-eval starts generating: lz's run is then decoding its 64 tokens
+    # lz's progress bar gets its total once lm-eval starts generating: lz's run is then decoding its 32 tokens
     # (seconds, more on a loaded machine) and the interrupt lands inside it, not after it
     stderr_lines = Lines(proc.stderr)
     generating = stderr_lines.wait_for("[2/2] lz:   0%")

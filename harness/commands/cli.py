@@ -67,12 +67,29 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number >= 1")
+    return value
+
+
 def _demo(args: argparse.Namespace) -> int:
     """Runs the real `lm_eval` command for each method on the bundled mini tasks with the embedded model, writes
     results under --out and prints where they are."""
     from decodebench.commands.demo import run_demo
 
-    return run_demo(out=args.out, limit=args.limit or None, methods=args.methods, tasks=args.tasks)
+    return run_demo(
+        out=args.out,
+        limit=args.limit or None,
+        methods=args.methods,
+        tasks=args.tasks,
+        compared_limit=args.compared_limit,
+    )
 
 
 def _build_index(args: argparse.Namespace) -> int:
@@ -282,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = command("demo", _demo, "the main job: run the baseline and each method through lm_eval on the mini tasks")
     demo.add_argument("--out", default="results", help="output folder (default: results)")
-    from decodebench.commands.demo import DEFAULT_LIMIT, MAX_GEN_TOKS
+    from decodebench.commands.demo import COMPARED_LIMIT, DEFAULT_LIMIT, MAX_GEN_TOKS
 
     demo.add_argument(
         "--limit",
@@ -296,6 +313,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated methods to run (default: all that `decodebench methods` lists)",
     )
     demo.add_argument("--tasks", default=None, help="comma-separated tasks (default: the mini tasks)")
+    demo.add_argument(
+        "--compared-limit",
+        type=positive_int,
+        default=COMPARED_LIMIT,
+        help=f"documents of the interleaved comparison's task in each of its two rounds (default {COMPARED_LIMIT}, "
+        "the fewest at which its speed interval is shown)",
+    )
 
     index = command("build-index", _build_index, "build an infini-gram index of a corpus with a model's tokenizer")
     index.add_argument("corpus", help="a .jsonl or .txt file, or a folder of them")

@@ -6,9 +6,10 @@ bar per run); afterwards a short table of quality, tokens/s and J/token is print
 file, and the leaderboard of the runs is written to ``OUT/leaderboard/``.
 
 Runs taken one after another on a shared machine differ in speed by more than most methods change it, so the
-table gives no speed ratio. The one comparison it teaches is interleaved: the baseline runs first and the compared
-method (the first registered one naming ``demo_compared_on``) right after it, and once every method has run, a
-second round runs them again on the compared task in the other order. Both rounds pair per document
+table gives no speed ratio. The one comparison it teaches is interleaved: once every method has run, the compared
+method (the first registered one naming ``demo_compared_on``) and the baseline run again on that task, on
+``COMPARED_LIMIT`` documents (the fewest at which the speed ratio's interval is calibrated), in two rounds of
+alternating order (the baseline first, then the method; then the method first). Both rounds pair per document
 (``decodebench compare``'s summary, written to ``OUT/interleaved/``): the speed ratio with its interval, quality
 with its paired test, and how many generations are the baseline's.
 """
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from decodebench.commands.runs import LmEvalRun, start_fork_server
+from decodebench.stats import APPROXIMATE_BELOW
 
 
 @dataclass(frozen=True)
@@ -68,10 +70,11 @@ def in_running_order(runs: list[Run], compared: Run | None) -> list[Run]:
 BASELINE = "baseline"  # what every comparison is made against
 MINI_TASKS = ["decodebench_mini"]
 WIDTH = 120  # the notes under the table; the last screen fits 160 columns
-# With the CLI's default --limit 2, every method on every mini task in under five minutes on two CPU cores,
-# installs included (README): the embedded model decodes ~15 tokens/s there at batch 1.
-MAX_GEN_TOKS = 64
-DEFAULT_LIMIT = 2
+# With the CLI's defaults, every method on every mini task and the interleaved comparison in about five minutes on
+# two CPU cores, installs included (README): the embedded model decodes ~15 tokens/s there at batch 1.
+MAX_GEN_TOKS = 32
+DEFAULT_LIMIT = 1
+COMPARED_LIMIT = APPROXIMATE_BELOW
 
 
 def lm_eval_run(run: Run, tasks: list[str], out: Path, limit: int | None) -> LmEvalRun:
@@ -87,7 +90,11 @@ def lm_eval_run(run: Run, tasks: list[str], out: Path, limit: int | None) -> LmE
 
 
 def run_demo(
-    out: str | Path = "results", limit: int | None = None, methods: str | None = None, tasks: str | None = None
+    out: str | Path = "results",
+    limit: int | None = None,
+    methods: str | None = None,
+    tasks: str | None = None,
+    compared_limit: int = COMPARED_LIMIT,
 ) -> int:
     from decodebench.data.embedded import EmbeddedModelError, ensure_embedded_model
 
@@ -116,9 +123,9 @@ def run_demo(
 
     compared = compared_run(runs)
     runs = in_running_order(runs, compared)
-    total = len(runs) + (2 if compared else 0)
+    total = len(runs) + (2 * len(ROUNDS) if compared else 0)
     produced: dict[str, Path | None] = {}
-    second_round: dict[str, Path] = {}
+    rounds: list[dict[str, Path]] = []
     interrupted = False
     try:
         print(f"lm_eval's own output goes to {out}/<run>/lm_eval.log; each log starts with its command", flush=True)
@@ -129,7 +136,7 @@ def run_demo(
                 print(f"[{number}/{total}] {run.name} FAILED", flush=True)
         if compared and produced.get(BASELINE) and produced.get(compared.name):
             base = next(run for run in runs if run.name == BASELINE)
-            second_round = run_second_round(compared, base, produced, out, limit, len(runs), total)
+            rounds = run_interleaved_rounds(compared, base, produced, out, compared_limit, len(runs), total)
     except KeyboardInterrupt:  # Ctrl-C: lm_eval got it too; keep what finished
         interrupted = True
         produced = {name: path for name, path in produced.items() if path is not None}
@@ -138,8 +145,7 @@ def run_demo(
         return 130 if interrupted else 1
 
     print(summary_table(produced))
-    if len(second_round) == 2:
-        rounds = [{"baseline": produced[BASELINE], "method": produced[compared.name]}, second_round]
+    if len(rounds) == len(ROUNDS):
         print(interleaved_section(compared, rounds, out / "interleaved"))
     from decodebench.reports.leaderboard import write_report
 
@@ -151,37 +157,45 @@ def run_demo(
         print(f"leaderboard: {out / 'leaderboard' / 'leaderboard.html'} (also .md, .csv, .json)")
     if interrupted:
         return 130
-    return 0 if all(produced.values()) and (not compared or len(second_round) == 2) else 1
+    return 0 if all(produced.values()) and (not compared or len(rounds) == len(ROUNDS)) else 1
 
 
-def run_second_round(
+ROUNDS = (("baseline", "method"), ("method", "baseline"))  # the interleaved comparison's sides, round by round
+
+
+def run_interleaved_rounds(
     compared: Run,
     base: Run,
     produced: dict[str, Path | None],
     out: Path,
-    limit: int | None,
+    limit: int,
     done: int,
     total: int,
-) -> dict[str, Path]:
-    """Round 2 of the interleaved comparison, in the other order (the compared method, then the baseline), on the
-    compared task (the first task round 1 ran when the main job does not run it); {side: results} of the runs that
-    finished."""
+) -> list[dict[str, Path]]:
+    """The interleaved comparison's rounds (ROUNDS: the baseline first, then the compared method first) on the
+    compared task (the first task the compared run ran when the main job does not run it), ``limit`` documents each;
+    [{side: results}] of the rounds that finished."""
     from decodebench.reports.reader import read_run
 
     ran = list(read_run(produced[compared.name]).tasks)
     if not ran:  # nothing to pair
-        return {}
+        return []
     task = compared.compared_on if compared.compared_on in ran else ran[0]
-    second_round = {}
-    for number, (side, run) in enumerate((("method", compared), ("baseline", base)), done + 1):
-        folder = out / "interleaved" / "round-2" / run.name
-        label = f"[{number}/{total}] {run.name}, round 2 on {task}"
-        results = lm_eval_run(run, [task], folder.parent, limit).run_logged(folder / "lm_eval.log", label)
-        if results is None:
-            print(f"{label} FAILED", flush=True)
-            return second_round
-        second_round[side] = results
-    return second_round
+    finished = []
+    for round_number, sides in enumerate(ROUNDS, 1):
+        results_of = {}
+        for side in sides:
+            run = compared if side == "method" else base
+            done += 1
+            folder = out / "interleaved" / f"round-{round_number}" / run.name
+            label = f"[{done}/{total}] {run.name}, round {round_number} on {task}"
+            results = lm_eval_run(run, [task], folder.parent, limit).run_logged(folder / "lm_eval.log", label)
+            if results is None:
+                print(f"{label} FAILED", flush=True)
+                return finished
+            results_of[side] = results
+        finished.append(results_of)
+    return finished
 
 
 def interleaved_section(compared: Run, rounds: list[dict[str, Path]], folder: Path) -> str:
@@ -231,7 +245,7 @@ def what_it_tells(row: dict) -> list[str]:
         notes.append(
             f"Speed: {row['speed_ratio']:.2f}x over {documents} documents (rounds: {per_round}); below "
             f"{APPROXIMATE_BELOW} documents the bootstrap interval is not calibrated, so this n cannot show a speed "
-            "difference (`decodebench demo --limit 10` or more)."
+            "difference (`decodebench demo --compared-limit 10` or more)."
         )
     elif low is not None and (low > 1 or high < 1):
         notes.append(
