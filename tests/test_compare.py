@@ -76,7 +76,8 @@ def test_compare_shows_no_speed_interval_below_10_documents(tmp_path):
 
 
 def test_the_main_job_says_in_words_what_a_comparison_can_and_cannot_tell():
-    from decodebench.commands.demo import what_it_tells
+    from decodebench.commands.demo import COMPARED_LIMIT, what_it_tells
+    from decodebench.stats import APPROXIMATE_BELOW
 
     row = {
         "identical_generations": (2, 2),
@@ -91,6 +92,8 @@ def test_the_main_job_says_in_words_what_a_comparison_can_and_cannot_tell():
     assert "baseline's on 2 of 2 documents" in same and "slower" in speed and "excludes 1" in speed
     # a bootstrap over 2 documents is not calibrated: no speed claim, whatever its interval says
     (_, few) = what_it_tells({**row, "speed_ratio_documents": 2})
+    # the main job's own comparison takes enough documents for its interval to be shown
+    assert COMPARED_LIMIT >= APPROXIMATE_BELOW
     assert "not calibrated" in few and "slower" not in few and "0.75x, 0.77x" in few
     differing = {**row, "identical_generations": (1, 2), "speed_ratio_interval": [0.9, 1.2]}
     differ, speed, quality = what_it_tells(differing)
