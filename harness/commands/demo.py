@@ -71,7 +71,7 @@ MINI_TASKS = ["decodebench_mini"]
 WIDTH = 120  # the notes under the table; the last screen fits 160 columns
 # With the CLI's defaults, every method on every mini task and the interleaved comparison in about five minutes on
 # two CPU cores, installs included (README): the embedded model decodes ~15 tokens/s there at batch 1.
-MAX_GEN_TOKS = 32
+MAX_GEN_TOKS = 24
 DEFAULT_LIMIT = 1
 # decodebench.stats.APPROXIMATE_BELOW, the fewest documents at which a speed interval is shown (not imported: the
 # CLI reads this module to build its --help, and stats brings numpy)
