@@ -121,6 +121,9 @@ def run_demo(
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"embedded model: {checkpoint}", flush=True)
+    from decodebench.lmeval.task_index_cache import warm
+
+    warm()  # while the fork server imports: the first run finds lm-eval's task index cached
 
     compared = compared_run(runs)
     runs = in_running_order(runs, compared)
