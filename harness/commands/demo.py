@@ -76,6 +76,7 @@ DEFAULT_LIMIT = 1
 # decodebench.stats.APPROXIMATE_BELOW, the fewest documents at which a speed interval is shown (not imported: the
 # CLI reads this module to build its --help, and stats brings numpy)
 COMPARED_LIMIT = 10
+ROUNDS = (("baseline", "method"), ("method", "baseline"))  # the interleaved comparison's sides, round by round
 
 
 def lm_eval_run(run: Run, tasks: list[str], out: Path, limit: int | None) -> LmEvalRun:
@@ -162,9 +163,6 @@ def run_demo(
     if interrupted:
         return 130
     return 0 if all(produced.values()) and (not compared or len(rounds) == len(ROUNDS)) else 1
-
-
-ROUNDS = (("baseline", "method"), ("method", "baseline"))  # the interleaved comparison's sides, round by round
 
 
 def run_interleaved_rounds(

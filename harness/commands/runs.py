@@ -110,15 +110,22 @@ def _main_module_left_out():
             sys.modules["__main__"] = main
 
 
-def wait(process: multiprocessing.process.BaseProcess, timeout: float | None = None) -> int | None:
-    """``process``'s exit code once it has ended, or None when ``timeout`` seconds passed first; Ctrl-C (or any
-    other exception) while waiting kills it, leaving nothing of it behind."""
+@contextlib.contextmanager
+def _killed_on_error(process: multiprocessing.process.BaseProcess):
+    """Ctrl-C (lm_eval got it too) or any other exception inside kills ``process``: nothing of it outlives the run."""
     try:
-        process.join(timeout)
+        yield
     except BaseException:
         process.kill()
         process.join()
         raise
+
+
+def wait(process: multiprocessing.process.BaseProcess, timeout: float | None = None) -> int | None:
+    """``process``'s exit code once it has ended, or None when ``timeout`` seconds passed first (``_killed_on_error``
+    while waiting)."""
+    with _killed_on_error(process):
+        process.join(timeout)
     return process.exitcode
 
 
@@ -233,22 +240,18 @@ class LmEvalRun:
         with open(log, "ab", buffering=0) as sink, tqdm(desc=label, unit="request", dynamic_ncols=True) as bar:
             sink.write(f"$ {self.shown()}\n".encode())
             read_end, write_end = os.pipe()
-            try:
-                process = lm_eval_process(self.arguments(), stdout=sink.fileno(), stderr=write_end)
-            finally:
-                os.close(write_end)  # the run holds its own copy: the pipe ends when the run does
             with open(read_end, "rb", buffering=0) as errors:
                 try:
+                    process = lm_eval_process(self.arguments(), stdout=sink.fileno(), stderr=write_end)
+                finally:
+                    os.close(write_end)  # the run holds its own copy: the pipe ends when the run does
+                with _killed_on_error(process):
                     while chunk := errors.read(1 << 16):
                         sink.write(chunk)  # O_APPEND: interleaved with what lm-eval writes to stdout, never over it
                         if found := answered.findall(chunk):
                             done, total = map(int, found[-1])
                             bar.total, bar.n = total, done
                             bar.refresh()
-                except BaseException:  # Ctrl-C (lm_eval got it too): nothing of it outlives this run
-                    process.kill()
-                    process.join()
-                    raise
             code = wait(process)
         if code != 0:
             tail = log.read_text(errors="replace").splitlines()[-25:]
