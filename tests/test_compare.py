@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import console_script, explain, run_command
+from conftest import decodebench_in_process, explain
 from test_reports import BASE, BETTER, results_file
 
 from decodebench.commands.compare import summarize
@@ -133,12 +133,9 @@ def test_the_baseline_gets_the_methods_arguments_that_are_not_its_own():
 @pytest.mark.slow
 def test_compare_runs_baseline_and_method_interleaved_through_lm_eval(tiny_checkpoint, tmp_path):
     out = tmp_path / "compare"
-    proc = run_command(
-        [
-            console_script("decodebench"),
-            *("compare", "--model", "lz", "--model-args", f"pretrained={tiny_checkpoint}", "--tasks", "squad_mini"),
-            *("--limit", "2", "--rounds", "2", "--gen-kwargs", "max_gen_toks=6", "--out", str(out)),
-        ],
+    proc = decodebench_in_process(
+        *("compare", "--model", "lz", "--model-args", f"pretrained={tiny_checkpoint}", "--tasks", "squad_mini"),
+        *("--limit", "2", "--rounds", "2", "--gen-kwargs", "max_gen_toks=6", "--out", str(out)),
         cwd=tmp_path,
     )
     assert proc.returncode == 0, explain(proc)

@@ -11,9 +11,19 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, explain, run_command
+from conftest import REPO, explain, main_in_process
 
 STUDIES = REPO / "studies"
+
+
+def gpu_bench(*args: str, cwd) -> subprocess.CompletedProcess:
+    """``python studies/gpu_bench.py ARGS``, its ``main`` run in this process (``main_in_process``)."""
+    sys.path.insert(0, str(STUDIES))
+    try:
+        import gpu_bench as study
+    finally:
+        sys.path.remove(str(STUDIES))
+    return main_in_process(study.main, *args, cwd=cwd)
 
 
 @pytest.mark.slow
@@ -22,7 +32,7 @@ def test_the_gpu_commands_dry_run_runs_through_lm_eval_and_writes_its_page(tmp_p
     """Its batched method (nugget at batch 8 against the baseline at batch 8): one round, one document per task."""
     doc = tmp_path / "gpu.md"
     args = ["--dry-run", "--methods", "nugget", "--doc", str(doc), "--out", str(tmp_path / "out")]
-    proc = run_command([sys.executable, str(STUDIES / "gpu_bench.py"), *args], cwd=tmp_path)
+    proc = gpu_bench(*args, cwd=tmp_path)
     assert proc.returncode == 0, explain(proc)
     page = doc.read_text()
     assert "**A dry run on a CPU:**" in page
@@ -31,15 +41,12 @@ def test_the_gpu_commands_dry_run_runs_through_lm_eval_and_writes_its_page(tmp_p
     assert all("x [" in row and "unavailable" in row for row in rows), rows  # a ratio; no energy counter here
     assert "not checked (no CUDA device" in page
     # its data alone renders the same page again
-    again = run_command(
-        [sys.executable, str(STUDIES / "gpu_bench.py"), "--from", str(tmp_path / "data" / "gpu"), "--doc", str(doc)],
-        cwd=tmp_path,
-    )
+    again = gpu_bench("--from", str(tmp_path / "data" / "gpu"), "--doc", str(doc), cwd=tmp_path)
     assert again.returncode == 0 and doc.read_text() == page, explain(again)
 
 
 def test_an_unknown_method_is_named_before_anything_runs(tmp_path):
-    proc = run_command([sys.executable, str(STUDIES / "gpu_bench.py"), "--methods", "lzz"], cwd=tmp_path)
+    proc = gpu_bench("--methods", "lzz", cwd=tmp_path)
     assert proc.returncode != 0 and "--methods: unknown ['lzz']" in proc.stderr
 
 

@@ -7,12 +7,12 @@ import json
 import pytest
 from conftest import (
     console_script,
+    decodebench_in_process,
     explain,
     lm_eval_in_process,
     read_results,
     read_samples,
     results_files,
-    run_command,
     run_lm_eval,
 )
 
@@ -127,7 +127,7 @@ def test_main_job_runs_lm_eval_and_says_where_results_are(embedded_checkpoint, t
     # CI runs the whole main job through README line 1; here the baseline and the compared method on one task
     command = ["demo", "--out", str(out), "--limit", "1", "--methods", "baseline,mtad", "--tasks", "squad_mini"]
     command += ["--compared-limit", "1"]
-    proc = run_command([console_script("decodebench"), *command], cwd=tmp_path)
+    proc = decodebench_in_process(*command, cwd=tmp_path)
     assert proc.returncode == 0, explain(proc)
     (results,) = results_files(out / "baseline")
     assert str(results) in proc.stdout

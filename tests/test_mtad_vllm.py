@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import read_results, read_samples
+from conftest import VLLM_TASKS, read_results, read_samples
 from host_syncs import HostSyncs
 
 pytestmark = pytest.mark.vllm
@@ -577,12 +577,12 @@ def test_greedy_mtad_on_vllm_answers_as_the_baseline_and_reports_the_engines_cou
     text for text; its statistics come from the engine's counters; each engine records the model runner it ran.
     (MTAD's rule under sampling inside a real server, with a draft model's q: tests/test_served.py.)"""
     runs = {"mtad": vllm_run("mtad", ",mode=mtad,draft=context"), "baseline": vllm_run("baseline")}
-    for task in ("squad_mini", "cnndm_mini"):
+    for task in VLLM_TASKS:
         texts = {name: {s["doc_id"]: s["resps"][0][0] for s in read_samples(out, task)} for name, out in runs.items()}
         assert texts["mtad"] == texts["baseline"] and any(t.strip() for t in texts["mtad"].values())
     info = read_results(runs["mtad"])["config"]["decodebench"]
     assert info["model_runner"] == "v1" and read_results(runs["baseline"])["config"]["decodebench"]["model_runner"]
-    stats = info["tasks"]["cnndm_mini"]
+    stats = info["tasks"]["squad_mini"]
     method = stats["method"]
     assert method["iterations"] > 0 and method["block_efficiency"] >= 1 and method["acceptance_histogram"]
     assert sum(method["acceptance_histogram"].values()) == method["iterations"]

@@ -26,6 +26,7 @@ from conftest import (
     VLLM_MAX_GEN_TOKS,
     Lines,
     console_script,
+    decodebench_in_process,
     explain,
     lm_eval_in_process,
     offline_env,
@@ -233,13 +234,11 @@ def test_vllm_serve_switches_the_lz_penalty_on_per_request(server, embedded_chec
 def test_a_sweep_measures_method_and_baseline_at_each_load_and_the_report_draws_it(server, tmp_path):
     """`decodebench sweep` through the real lm_eval and server: every level's runs, a ratio per level (its interval
     over rounds: tests/test_stats.py), and a leaderboard that draws throughput against latency across loads."""
-    proc = run_command(
-        [
-            *(console_script("decodebench"), "sweep", "--model", "lz", "--model-args", "pretrained=embedded"),
-            *("--base-url", server.base_url, "--concurrency", "1,4", "--tasks", "squad_mini", "--limit", "4"),
-            *("--rounds", "1", "--gen-kwargs", "max_gen_toks=16", "--out", str(tmp_path / "sweep")),
-            *("--slo", "ttft:600000;tpot:600000"),  # ten minutes: every request meets it
-        ],
+    proc = decodebench_in_process(
+        *("sweep", "--model", "lz", "--model-args", "pretrained=embedded"),
+        *("--base-url", server.base_url, "--concurrency", "1,4", "--tasks", "squad_mini", "--limit", "4"),
+        *("--rounds", "1", "--gen-kwargs", "max_gen_toks=16", "--out", str(tmp_path / "sweep")),
+        *("--slo", "ttft:600000;tpot:600000"),  # ten minutes: every request meets it
         cwd=tmp_path,
     )
     assert proc.returncode == 0, explain(proc)
@@ -260,10 +259,7 @@ def test_a_sweep_measures_method_and_baseline_at_each_load_and_the_report_draws_
     # every prompt went through the server once before the timed runs, and that pass left no results behind
     assert "warm-up: every prompt once, untimed" in proc.stdout
     assert len(list((tmp_path / "sweep").glob("**/results_*.json"))) == 4
-    report = run_command(
-        [console_script("decodebench"), "report", str(tmp_path / "sweep"), "--out", str(tmp_path / "report")],
-        cwd=tmp_path,
-    )
+    report = decodebench_in_process("report", str(tmp_path / "sweep"), "--out", str(tmp_path / "report"), cwd=tmp_path)
     assert report.returncode == 0, explain(report)
     html = (tmp_path / "report" / "leaderboard.html").read_text()
     assert "throughput against latency across concurrency" in html
@@ -375,14 +371,14 @@ def test_with_speculation_chunks_carry_several_tokens_and_the_counters_show_it(s
             "--model_args",
             f"backend=served,pretrained=embedded,base_url={speculative_server.base_url}",
         ),
-        *("--tasks", "cnndm_mini", "--limit", "2", "--gen_kwargs", "max_gen_toks=64", "--apply_chat_template"),
+        *("--tasks", "squad_mini", "--limit", "2", "--gen_kwargs", "max_gen_toks=64", "--apply_chat_template"),
         *("--output_path", str(tmp_path / "out"), "--log_samples"),
         cwd=tmp_path,
     )
-    stats = read_results(tmp_path / "out")["config"]["decodebench"]["tasks"]["cnndm_mini"]
+    stats = read_results(tmp_path / "out")["config"]["decodebench"]["tasks"]["squad_mini"]
     counters = stats["engine"]
     assert counters["vllm:spec_decode_num_drafts_total"] > 0 and counters["mean_acceptance_length"] >= 1
-    records = [s["decodebench"][0] for s in read_samples(tmp_path / "out", "cnndm_mini")]
+    records = [s["decodebench"][0] for s in read_samples(tmp_path / "out", "squad_mini")]
     gaps = [gap for record in records for gap in record["inter_token_s"]]
     assert len(gaps) == sum(record["new_tokens"] - 1 for record in records)
     # a chunk of k tokens gives k equal intervals: the draft (the target's own first layers) lands some
@@ -402,12 +398,12 @@ def test_mtad_through_the_server_verifies_by_its_rule_and_vllms_rule_stays_for_t
     for model, extra in (("mtad", ",mode=mtad,tau=0"), ("baseline", "")):
         args = f"backend=served,pretrained=embedded,base_url={speculative_server.base_url},num_concurrent=2{extra}"
         lm_eval_in_process(
-            *("--model", model, "--model_args", args, "--tasks", "cnndm_mini", "--limit", "2"),
+            *("--model", model, "--model_args", args, "--tasks", "squad_mini", "--limit", "2"),
             *("--gen_kwargs", "do_sample=true,temperature=1.0,top_k=-1,top_p=1.0,max_gen_toks=48"),
             *("--apply_chat_template", "--output_path", str(tmp_path / model)),
             cwd=tmp_path,
         )
-        stats = read_results(tmp_path / model)["config"]["decodebench"]["tasks"]["cnndm_mini"]
+        stats = read_results(tmp_path / model)["config"]["decodebench"]["tasks"]["squad_mini"]
         counters = stats["engine"]
         assert counters["vllm:spec_decode_num_drafts_total"] > 0
         rates[model] = (
@@ -460,12 +456,12 @@ def test_lz_through_a_server_that_speculates_says_when_it_applies(speculative_se
     cannot see: the results say so."""
     args = f"backend=served,pretrained=embedded,base_url={speculative_server.base_url}"
     proc = run_lm_eval(
-        *("--model", "lz", "--model_args", args, "--tasks", "cnndm_mini", "--limit", "1"),
+        *("--model", "lz", "--model_args", args, "--tasks", "squad_mini", "--limit", "1"),
         *("--gen_kwargs", "max_gen_toks=24", "--apply_chat_template", "--output_path", str(tmp_path / "out")),
         cwd=tmp_path,
     )
     assert proc.returncode == 0, explain(proc)
-    method = read_results(tmp_path / "out")["config"]["decodebench"]["tasks"]["cnndm_mini"]["method"]
+    method = read_results(tmp_path / "out")["config"]["decodebench"]["tasks"]["squad_mini"]["method"]
     assert "only vLLM's V2 model runner applies one" in method["applied_if"]
     assert "LZ through a server that speculates" in proc.stderr
 
