@@ -25,7 +25,7 @@ def test_every_tox_environment_the_readme_names_exists():
     envs = {section.removeprefix("testenv:") for section in config.sections() if section.startswith("testenv:")}
     envs |= {"py"}
     named = set()
-    for command in re.findall(r"tox -e ([a-z][\w,.-]*)", (REPO / "README.md").read_text()):
+    for command in re.findall(r"tox (?:p )?-e ([a-z][\w,.-]*)", (REPO / "README.md").read_text()):
         named |= set(command.split(","))
     assert named and named <= envs, f"the README names tox envs that tox.ini lacks: {sorted(named - envs)}"
 
