@@ -229,17 +229,10 @@ STRONG_LZ = ",strength=3.0,codelength=propositions"
 
 
 def lm_eval_with_vllm_engine(*args: str, cwd: Path) -> None:
-    """``lm_eval ARGS`` with the vLLM engine core in lm-eval's process: in this one (a subprocess would import torch,
-    lm-eval and vLLM again: ~20 s a run here), except where vLLM 0.32.0's CPU platform cannot start an engine here.
-    Its start-up scan of ``sys.modules`` for Triton kernels to override fails on llvmlite's function wrappers
-    (AttributeError in ``vllm/triton_utils/dispatcher.py``), and numba, which brings llvmlite, is what vLLM's n-gram
-    drafter (MTAD's ``draft=context``) imports: such a run, and any once llvmlite is imported, gets its own process."""
-    in_process = "draft=context" not in " ".join(args) and "llvmlite" not in sys.modules
-    if in_process:
-        lm_eval_in_process(*args, cwd=cwd, VLLM_ENABLE_V1_MULTIPROCESSING="0")
-        return
-    proc = run_lm_eval(*args, cwd=cwd, VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    assert proc.returncode == 0, explain(proc)
+    """``lm_eval ARGS`` with the vLLM engine core in lm-eval's process, this one: a subprocess would import torch,
+    lm-eval and vLLM again (~20 s a run here). (Engines after one that drafted from the context start here too: vLLM
+    0.32.0's CPU build could not start one once numba was imported, which decodebench's CPU fix mends.)"""
+    lm_eval_in_process(*args, cwd=cwd, VLLM_ENABLE_V1_MULTIPROCESSING="0")
 
 
 @pytest.fixture(scope="session")

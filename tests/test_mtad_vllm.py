@@ -569,6 +569,20 @@ def test_on_the_cpu_build_each_requests_temperature_reaches_its_draft_positions(
     assert top_k.tolist() == [5, 5, 5]
 
 
+def test_on_the_cpu_build_the_kernel_scan_reads_past_numba():
+    """vLLM 0.32.0's CPU start-up scan of every loaded module for kernel references failed on llvmlite's ``ffi.lib``
+    (numba's), so no engine started in a process that had imported numba, as vLLM's n-gram drafter does
+    (models/backends/vllm_cpu_fix.py); fixed, the scan reads past it."""
+    pytest.importorskip("numba")
+    import llvmlite.binding  # noqa: F401 (loads llvmlite.binding.ffi, whose lib broke the scan)
+    from vllm.triton_utils import dispatcher
+
+    from decodebench.models.backends import vllm_cpu_fix
+
+    vllm_cpu_fix.register()
+    dispatcher._rebind_kernels([])  # the scan itself, over every loaded module, with nothing to rebind
+
+
 # -- on the engine -------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.model

@@ -7,7 +7,7 @@ import json
 import time
 
 import pytest
-from conftest import console_script, explain, fake_requests, results_files, run_command
+from conftest import explain, fake_requests, results_files, run_lm_eval
 from fake_openai import GOOD_TOKENS, FakeOpenAI
 
 from decodebench.models.backends.served import ServedError
@@ -144,16 +144,11 @@ def test_lm_eval_against_a_server_sending_garbage_fails_naming_it_and_keeps_noth
 
     server.mode = "plain json"
     cache = tmp_path / "cache" / "lm"
-    proc = run_command(
-        [
-            console_script("lm_eval"),
-            "--model",
-            "baseline",
-            "--model_args",
-            f"backend=served,base_url={server.base_url},pretrained=embedded,max_retries=1",
-            *("--tasks", "squad_mini", "--limit", "2", "--gen_kwargs", "max_gen_toks=4"),
-            *("--output_path", str(tmp_path / "out"), "--use_cache", str(cache)),
-        ],
+    proc = run_lm_eval(
+        *("--model", "baseline"),
+        *("--model_args", f"backend=served,base_url={server.base_url},pretrained=embedded,max_retries=1"),
+        *("--tasks", "squad_mini", "--limit", "2", "--gen_kwargs", "max_gen_toks=4"),
+        *("--output_path", str(tmp_path / "out"), "--use_cache", str(cache)),
         cwd=tmp_path,
         timeout=300,
     )

@@ -11,14 +11,21 @@ Triton kernels (``vllm/utils/cpu_triton_utils.py``) that differ from them:
   ``test_placeholder_draft_token_rejected_random`` fails on that build); and they assert on synthetic acceptance
   (``rejection_sample_method="synthetic"``), which the Triton kernels implement.
 
+- its start-up scan of every loaded module for references to those kernels (``_rebind_kernels`` in
+  ``vllm/triton_utils/dispatcher.py``, run as each worker starts) reads ``vars(value).get("kernel")`` of every module
+  attribute, and llvmlite's ``ffi.lib`` (numba's) answers ``__dict__`` with a wrapped C function: no engine starts
+  in a process that imported numba first (vLLM's own n-gram drafter imports it: a second engine after one that
+  drafted from the context, or a script that imports numba, whose module a spawned worker imports again).
+
 Installed, decodebench registers ``register`` under ``vllm.general_plugins``; on that release on a CPU without
-Triton it replaces the three with the Triton kernels' rules written in plain torch. Every other release and platform
-is left alone.
+Triton it replaces the three with the Triton kernels' rules written in plain torch, and gives the scan a ``vars``
+that reads such an object as holding no kernel. Every other release and platform is left alone.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import torch
 
@@ -128,6 +135,12 @@ def rejection_random_sample(
     _write(output_token_ids, ~is_greedy.bool(), counts, accepted, emitted, bonus_token_ids)
 
 
+def attributes(value) -> Mapping:
+    """``vars(value)`` for the kernel scan: an object whose ``__dict__`` is not a mapping holds no kernel."""
+    found = vars(value)
+    return found if isinstance(found, Mapping) else {}
+
+
 for _kernel in (rejection_greedy_sample, rejection_random_sample):
     _kernel.register_warmup = lambda **_: None  # vLLM's sampler registers Triton warm-ups for its kernels
 
@@ -143,8 +156,10 @@ def register() -> None:
 
     if HAS_TRITON:  # Triton's own kernels run: no fallback, nothing to fix
         return
+    from vllm.triton_utils import dispatcher
     from vllm.v1.sample import rejection_sampler
 
+    dispatcher.vars = attributes  # the name the scan looks up first, before the builtin
     fixes = {
         "expand_batch_to_tokens": expand_batch_to_tokens,
         "_rejection_greedy_sample": rejection_greedy_sample,
