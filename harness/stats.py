@@ -176,17 +176,26 @@ def mcnemar_comparison(method: Sequence[float], baseline: Sequence[float]) -> Pa
     is (2 pi - 1) m / n; the Clopper-Pearson interval of pi inverts the same two-sided exact binomial test,
     so the interval excludes 0 exactly when p < 0.05.
     """
-    from scipy.stats import binomtest
-
     diffs = np.asarray(method, dtype=float) - np.asarray(baseline, dtype=float)
     n, b, c = len(diffs), int(np.sum(diffs > 0)), int(np.sum(diffs < 0))
     m = b + c
     if m == 0:
         return PairedComparison(0.0, Interval(0.0, 0.0), 1.0, "mcnemar-exact", n)
-    found = binomtest(b, m, 0.5)
+    low, high, p_value = exact_binomial_test(b, m)
+    interval = Interval((2 * low - 1) * m / n, (2 * high - 1) * m / n)
+    return PairedComparison(float(diffs.mean()), interval, p_value, "mcnemar-exact", n)
+
+
+@functools.lru_cache(maxsize=4096)
+def exact_binomial_test(successes: int, trials: int) -> tuple[float, float, float]:
+    """The Clopper-Pearson interval of a proportion (LEVEL) and the two-sided exact p-value of pi = 0.5 (scipy's
+    ``binomtest``); kept, since they depend only on the two counts (a report or a simulation asks for few pairs many
+    times, and scipy's root finding takes milliseconds)."""
+    from scipy.stats import binomtest
+
+    found = binomtest(successes, trials, 0.5)
     pi = found.proportion_ci(LEVEL, "exact")
-    interval = Interval((2 * pi.low - 1) * m / n, (2 * pi.high - 1) * m / n)
-    return PairedComparison(float(diffs.mean()), interval, float(found.pvalue), "mcnemar-exact", n)
+    return float(pi.low), float(pi.high), float(found.pvalue)
 
 
 @functools.lru_cache(maxsize=8)
