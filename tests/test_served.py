@@ -371,7 +371,7 @@ def test_with_speculation_chunks_carry_several_tokens_and_the_counters_show_it(s
             "--model_args",
             f"backend=served,pretrained=embedded,base_url={speculative_server.base_url}",
         ),
-        *("--tasks", "squad_mini", "--limit", "2", "--gen_kwargs", "max_gen_toks=64", "--apply_chat_template"),
+        *("--tasks", "squad_mini", "--limit", "2", "--gen_kwargs", "max_gen_toks=32", "--apply_chat_template"),
         *("--output_path", str(tmp_path / "out"), "--log_samples"),
         cwd=tmp_path,
     )
@@ -399,7 +399,7 @@ def test_mtad_through_the_server_verifies_by_its_rule_and_vllms_rule_stays_for_t
         args = f"backend=served,pretrained=embedded,base_url={speculative_server.base_url},num_concurrent=2{extra}"
         lm_eval_in_process(
             *("--model", model, "--model_args", args, "--tasks", "squad_mini", "--limit", "2"),
-            *("--gen_kwargs", "do_sample=true,temperature=1.0,top_k=-1,top_p=1.0,max_gen_toks=48"),
+            *("--gen_kwargs", "do_sample=true,temperature=1.0,top_k=-1,top_p=1.0,max_gen_toks=24"),
             *("--apply_chat_template", "--output_path", str(tmp_path / model)),
             cwd=tmp_path,
         )
