@@ -97,10 +97,10 @@ def main_in_process(main, *argv: str, cwd: Path) -> subprocess.CompletedProcess:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             try:
                 code = main(list(argv))
-            except SystemExit as exit:  # argparse's errors, and commands that exit with a message
-                code = exit.code if isinstance(exit.code, int) or exit.code is None else 1
-                if isinstance(exit.code, str):
-                    print(exit.code, file=sys.stderr)
+            except SystemExit as stop:  # argparse's errors, and commands that exit with a message
+                code = stop.code if isinstance(stop.code, int) or stop.code is None else 1
+                if isinstance(stop.code, str):
+                    print(stop.code, file=sys.stderr)
     finally:
         os.chdir(here)
     return subprocess.CompletedProcess(
