@@ -103,9 +103,7 @@ def main_in_process(main, *argv: str, cwd: Path) -> subprocess.CompletedProcess:
                     print(stop.code, file=sys.stderr)
     finally:
         os.chdir(here)
-    return subprocess.CompletedProcess(
-        [getattr(main, "__module__", "main"), *argv], code or 0, stdout.getvalue(), stderr.getvalue()
-    )
+    return subprocess.CompletedProcess([main.__module__, *argv], code or 0, stdout.getvalue(), stderr.getvalue())
 
 
 def decodebench_in_process(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
