@@ -308,10 +308,10 @@ def test_decodebench_serve_refuses_a_taken_port_before_starting_anything(tmp_pat
 
 def test_decodebench_serve_reads_model_lengths_as_vllm_does(embedded_checkpoint, monkeypatch):
     from decodebench.commands import serve
-    from decodebench.models.backends import vllm as vllm_backend
+    from decodebench.models.backends import vllm_kv_cache
 
     asked = []
-    monkeypatch.setattr(vllm_backend, "cpu_kv_cache_bytes", lambda model, length: asked.append(length) or 1)
+    monkeypatch.setattr(vllm_kv_cache, "cpu_kv_cache_bytes", lambda model, length: asked.append(length) or 1)
     for value, length in (("4k", 4000), ("1K", 1024), ("auto", None), ("-1", None), ("1024", 1024)):
         command = serve.vllm_command(str(embedded_checkpoint), "127.0.0.1", 8000, ["--max-model-len", value])
         assert command[-2:] == ["--kv-cache-memory-bytes", "1"] and asked[-1] == length, value

@@ -34,7 +34,7 @@ def vllm_command(model: str, host: str, port: int, vllm_args: list[str]) -> list
     command = [str(script), "serve", model, "--host", host, "--port", str(port), *vllm_args]
     sizing = ("--kv-cache-memory-bytes", "--gpu-memory-utilization")
     if _on_cpu() and not any(arg.split("=")[0] in sizing for arg in vllm_args):
-        from decodebench.models.backends.vllm import cpu_kv_cache_bytes
+        from decodebench.models.backends.vllm_kv_cache import cpu_kv_cache_bytes
 
         length = _model_length(_flag_value(vllm_args, "--max-model-len"))
         command += ["--kv-cache-memory-bytes", str(cpu_kv_cache_bytes(model, length))]
