@@ -139,6 +139,7 @@ def test_main_job_runs_lm_eval_and_says_where_results_are(embedded_checkpoint, t
     log = (out / "baseline" / "lm_eval.log").read_text()
     assert "--apply_chat_template was not given" not in log  # the main job applies it
     assert log.startswith("$ lm_eval --model baseline") and "Running generate_until requests" in log
+    assert "Task 'aime' from" in log and "overrides existing task" in log  # from the index the fork server built
     assert "Running generate_until requests" not in proc.stdout + proc.stderr and "[1/6] baseline: 100%" in proc.stderr
     # the interleaved comparison, after every run: round 1 runs the baseline first, round 2 the compared method
     assert proc.stderr.index("[2/6] mtad: 100%") < proc.stderr.index("[3/6] baseline, round 1 on squad_mini")

@@ -129,6 +129,61 @@ def test_two_lm_eval_installations_sharing_a_home_keep_their_own_task_index_cach
     assert len(list((tmp_path / "home" / "lm-eval-task-index").glob("*.json"))) == 2
 
 
+def test_a_process_builds_an_unchanged_index_once_and_logs_its_warnings_at_every_use(tmp_path, monkeypatch):
+    """The fork server builds lm-eval's task index as it starts (decodebench.lmeval.task_index_warm), quietly; each
+    run forked from it gets that index, and the warnings lm-eval logged building it (a task of ours overriding one of
+    lm-eval's) in its own log. A changed file in any folder walked builds the index again."""
+    import logging
+
+    from lm_eval.tasks import _index
+    from lm_eval.tasks._index import TaskIndex
+
+    from decodebench.lmeval import task_index_cache
+
+    monkeypatch.setenv("DECODEBENCH_HOME", str(tmp_path / "home"))
+    builtin, ours = tmp_path / "lm_eval_tasks", tmp_path / "ours"
+    for root in (builtin, ours):
+        root.mkdir()
+        (root / "one.yaml").write_text(f"task: one\ndoc_to_text: '{root.name}'\n")
+    original = TaskIndex.__dict__["build"].__func__
+    original = getattr(original, "__wrapped__", original)
+    walked = []
+
+    def walking(paths, **kwargs):
+        walked.append(list(paths))
+        return original(paths, **kwargs)
+
+    monkeypatch.setattr(_index, "__file__", str(builtin / "_index.py"))
+    build = task_index_cache.cached_index_build(_index, walking)
+
+    class Logged(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    logged = Logged()
+    _index.log.addHandler(logged)
+    try:
+        monkeypatch.setattr(task_index_cache, "_quiet", True)  # as warm() builds it
+        first = build([builtin, ours])
+        assert first["one"].cfg["doc_to_text"] == "ours" and _index.log.propagate  # left as it was
+        monkeypatch.setattr(task_index_cache, "_quiet", False)
+        first["added"] = first["one"]  # lm-eval adds namespaced tasks to the index it is given
+        for _ in range(2):
+            logged.lines.clear()
+            again = build([builtin, ours])
+            assert set(again) == {"one"} and again["one"].cfg["doc_to_text"] == "ours"
+            assert len(logged.lines) == 1 and "Task 'one' from" in logged.lines[0] and "overrides" in logged.lines[0]
+        assert len(walked) == 1
+        (ours / "one.yaml").write_text("task: one\ndoc_to_text: 'changed'\n")
+        assert build([builtin, ours])["one"].cfg["doc_to_text"] == "changed" and len(walked) == 2
+    finally:
+        _index.log.removeHandler(logged)
+
+
 class _Planted:
     """A pickle that, loaded, writes a file: what someone able to write a shared DECODEBENCH_HOME could plant."""
 

@@ -115,16 +115,13 @@ def run_demo(
     # control); its lm_eval runs then get the default back too
     signal.signal(signal.SIGINT, signal.default_int_handler)
     started = time.time()
-    start_fork_server()  # the runs' imports, while the embedded model is checked (or built, the first time)
+    start_fork_server()  # the runs' imports and task index, while the embedded model is checked (or built)
     try:
         checkpoint = ensure_embedded_model(log=lambda msg: print(msg, flush=True))
     except EmbeddedModelError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"embedded model: {checkpoint}", flush=True)
-    from decodebench.lmeval.task_index_cache import warm
-
-    warm()  # while the fork server imports: the first run finds lm-eval's task index cached
 
     compared = compared_run(runs)
     runs = in_running_order(runs, compared)

@@ -24,8 +24,9 @@ import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# What every lm_eval run imports before it reads a task, imported once by the fork server. Not vLLM: importing it
-# costs runs that do not use it, and the fork server must stay free of threads and tensor operations.
+# What every lm_eval run imports before it reads a task, imported once by the fork server, and last lm-eval's task
+# index, built once. Not vLLM: importing it costs runs that do not use it, and the fork server must stay free of
+# threads and tensor operations.
 PRELOAD = [
     "torch",
     "transformers",
@@ -35,6 +36,7 @@ PRELOAD = [
     "lm_eval.models",
     "lm_eval.models.huggingface",
     "decodebench.models.backends.hf",
+    "decodebench.lmeval.task_index_warm",
 ]
 
 

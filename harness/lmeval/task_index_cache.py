@@ -11,6 +11,13 @@ so environments sharing one ``DECODEBENCH_HOME`` (tox's do) never evict each oth
 The index lm-eval builds is the same with or without it (tests/test_startup.py); a cache that
 cannot be read or written is ignored, and one that does not parse as this module's JSON is rebuilt.
 
+A process also keeps the indexes it built, by the folders walked and the same key of each (path, size and
+modification time of every YAML file), so a second build over unchanged folders costs only those keys. The fork
+server every decodebench command forks its ``lm_eval`` runs from builds the index as it starts
+(``decodebench.lmeval.task_index_warm``), so a run starts with it (~1 s of CPU a run less on two cores); the
+warnings lm-eval logged while building it (a task of decodebench's that overrides one of lm-eval's) are logged again
+in each run that reuses it.
+
 The cache is JSON, never pickle: whoever can write ``DECODEBENCH_HOME`` (a shared cache folder on a cluster) must not
 be able to run code in every ``lm_eval`` process that reads it. A YAML value JSON cannot give back unchanged (a date,
 a non-string key) is not cached: its file is parsed at every start, as without the cache. Files are written to a
@@ -26,6 +33,7 @@ import logging
 import math
 import os
 import tempfile
+import time
 from importlib.metadata import version
 from pathlib import Path
 
@@ -97,18 +105,18 @@ def _installation(root: Path) -> str:
     return hashlib.sha256(str(Path(root).resolve()).encode()).hexdigest()[:12]
 
 
-def _cache_file(root: Path) -> Path:
+def _cache_file(root: Path, fingerprint: str | None = None) -> Path:
     from decodebench.data.paths import home
 
-    return home() / "lm-eval-task-index" / f"{_installation(root)}-{_fingerprint(root)}.json"
+    return home() / "lm-eval-task-index" / f"{_installation(root)}-{fingerprint or _fingerprint(root)}.json"
 
 
 class YamlCache:
     """Parsed YAML files of one folder: read from the cache when its key matches, else parsed and saved."""
 
-    def __init__(self, root: Path, load_yaml):
+    def __init__(self, root: Path, load_yaml, fingerprint: str | None = None):
         self.root, self._load_yaml = f"{Path(root).resolve()}{os.sep}", load_yaml
-        self.file = _cache_file(Path(root))
+        self.file = _cache_file(Path(root), fingerprint)
         self.parsed: dict[tuple, object] = {}
         self.hit = False
         with contextlib.suppress(OSError, ValueError, TypeError, RecursionError):  # unreadable: rebuilt below
@@ -155,44 +163,90 @@ class YamlCache:
             log.debug("lm-eval's task index was not cached: %s", exc)
 
 
+# this process's indexes: {(folders, resolve_includes, their keys): (index, the warnings lm-eval logged building it)}
+_BUILT: dict[tuple, tuple[dict, list[logging.LogRecord]]] = {}
+_quiet = False  # warm(): the warnings are kept for the runs, not printed
+
+
 def cached_index_build(index_module, original_build):
-    """``TaskIndex.build`` that reads lm-eval's own task folder through a ``YamlCache``."""
+    """``TaskIndex.build`` that reads lm-eval's own task folder through a ``YamlCache``, and gives an index this
+    process built over the same unchanged folders again."""
     builtin = Path(index_module.__file__).resolve().parent
 
     def build(paths, *, resolve_includes=True):
         paths = list(paths)
-        if builtin not in {Path(p).resolve() for p in paths}:
+        resolved = [Path(p).resolve() for p in paths]
+        if builtin not in resolved:
             return original_build(paths, resolve_includes=resolve_includes)
+        logger = logging.getLogger(index_module.__name__)  # lm-eval's index logs through its module's logger
+        try:
+            fingerprints = tuple(_fingerprint(Path(p)) for p in paths)
+        except OSError as exc:  # a folder that cannot be walked: lm-eval says what it finds
+            log.debug("lm-eval's task index cache is unavailable: %s", exc)
+            return original_build(paths, resolve_includes=resolve_includes)
+        key = (tuple(str(p) for p in paths), resolve_includes, fingerprints)
+        if key in _BUILT:
+            index, warnings = _BUILT[key]
+            _log_again(logger, warnings)
+            return dict(index)  # lm-eval adds entries to the dict (namespaced tasks), never to an entry's config
         real_load_yaml = index_module.load_yaml
         try:
-            cache = YamlCache(builtin, real_load_yaml)
+            cache = YamlCache(builtin, real_load_yaml, fingerprints[resolved.index(builtin)])
         except Exception as exc:  # a cache must never stop lm-eval
             log.debug("lm-eval's task index cache is unavailable: %s", exc)
             return original_build(paths, resolve_includes=resolve_includes)
         index_module.load_yaml = cache.load_yaml
         try:
-            index = original_build(paths, resolve_includes=resolve_includes)
+            index, warnings = _build_keeping_warnings(logger, original_build, paths, resolve_includes)
         finally:
             index_module.load_yaml = real_load_yaml
         cache.save()
+        _BUILT[key] = dict(index), warnings
         return index
 
     return build
 
 
+class _Kept(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def _build_keeping_warnings(logger: logging.Logger, original_build, paths, resolve_includes):
+    kept, saved = _Kept(), (logger.propagate, logger.level)
+    logger.addHandler(kept)
+    if _quiet:
+        logger.propagate, logger.level = False, logging.WARNING
+    try:
+        index = original_build(paths, resolve_includes=resolve_includes)
+    finally:
+        logger.removeHandler(kept)
+        logger.propagate, logger.level = saved
+    return index, kept.records
+
+
+def _log_again(logger: logging.Logger, records: list[logging.LogRecord]) -> None:
+    now = time.time()
+    for record in records:
+        if logger.isEnabledFor(record.levelno):
+            logger.handle(logging.makeLogRecord({**record.__dict__, "created": now, "msecs": now % 1 * 1000}))
+
+
 def warm() -> None:
-    """Build lm-eval's task index once in this process, as every ``lm_eval`` run does, so that its cache is written:
-    the main job does it while its fork server imports, and its first run finds the cache (a new installation's
-    first build parses all ~14,000 YAML files, 10-16 s on two cores). lm-eval's warnings about the index (tasks that
-    override others) belong to the runs' logs, not here."""
-    import logging
+    """Build lm-eval's task index in this process, as every ``lm_eval`` run does: its cache file is written (a new
+    installation's first build parses all ~14,000 YAML files, 10-16 s on two cores), and the runs forked from this
+    process start with the index built. lm-eval's warnings about the index (tasks that override others) belong to
+    the runs' logs, not here: they are logged in each run."""
+    global _quiet
 
     from lm_eval.tasks import TaskManager
 
-    lm_eval_logger = logging.getLogger("lm_eval")
-    level = lm_eval_logger.level
-    lm_eval_logger.setLevel(logging.ERROR)
+    _quiet = True
     try:
         TaskManager()
     finally:
-        lm_eval_logger.setLevel(level)
+        _quiet = False
