@@ -241,7 +241,9 @@ LONG_CALLS = {
 
 
 @pytest.mark.parametrize("case", list(LONG_CALLS))
-def test_a_prediction_made_of_long_single_calls_is_bounded_under_15_s(case, tmp_path):
+def test_a_prediction_made_of_long_single_calls_is_bounded_by_its_time_budget(case, tmp_path):
+    """A budget of 2 s, not the official 10 s: the GLOB case runs until the budget ends, and the bound is the same
+    code whatever the budget (it ends at 2.1 s here, 10.1 s at 10 s)."""
     path = tmp_path / "concert.sqlite"
     conn = sqlite3.connect(path)
     conn.execute("CREATE TABLE singer (name TEXT)")
@@ -249,8 +251,8 @@ def test_a_prediction_made_of_long_single_calls_is_bounded_under_15_s(case, tmp_
     conn.commit()
     conn.close()
     start = time.monotonic()
-    assert score(LONG_CALLS[case], "SELECT count(*) FROM singer", path, timeout_s=10.0) == 0.0
-    assert time.monotonic() - start < 15
+    assert score(LONG_CALLS[case], "SELECT count(*) FROM singer", path, timeout_s=2.0) == 0.0
+    assert time.monotonic() - start < 7  # the budget, and the one call that runs to its end after it
 
 
 def test_a_missing_database_or_broken_gold_query_is_an_error_not_a_zero(db, tmp_path):
