@@ -14,7 +14,7 @@ cannot be read or written is ignored, and one that does not parse as this module
 A process also keeps the indexes it built, by the folders walked and the same key of each (path, size and
 modification time of every YAML file), so a second build over unchanged folders costs only those keys. The fork
 server every decodebench command forks its ``lm_eval`` runs from builds the index as it starts
-(``decodebench.lmeval.task_index_warm``), so a run starts with it (~1 s of CPU a run less on two cores); the
+(``decodebench.lmeval.task_index_warm``), so a run starts with it instead of walking the folders again; the
 warnings lm-eval logged while building it (a task of decodebench's that overrides one of lm-eval's) are logged again
 in each run that reuses it.
 

@@ -1,6 +1,6 @@
 """The KV cache vLLM's CPU build is given when nothing says how much, in a module of its own: ``decodebench serve``
 sizes it before it starts ``vllm serve``, and importing the vLLM backend (lm-eval's vLLM model, vLLM's ``LLM``) for
-it cost ~9 s of CPU at every server start."""
+it cost seconds of CPU at every server start."""
 
 from __future__ import annotations
 
