@@ -56,6 +56,14 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+# The process layout vLLM gives one GPU: the API server, and the engine core with its worker in the same process
+# (vLLM's "uni" executor). On CPU vLLM otherwise puts the worker in a third process ("mp"), which imports torch and
+# vLLM again and, after each step it reads, spins on the shared-memory queue for a second; with multiprocessing off
+# the CPU build keeps "uni", and a server's engine core is still a process of its own (AsyncLLM always starts one).
+# The stop-while-starting test starts servers in the CPU build's default layout.
+ONE_DEVICE_LAYOUT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
 class Server:
     def __init__(self, tmp_path, *extra: str):
         self.port = _free_port()
@@ -63,7 +71,11 @@ class Server:
         self.log = open(self.log_path, "w")  # noqa: SIM115 (written until the server stops)
         command = [console_script("decodebench"), "serve", "--port", str(self.port), *SERVER_ARGS, *extra]
         self.process = subprocess.Popen(
-            command, env=offline_env(), stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            env=offline_env(**ONE_DEVICE_LAYOUT),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
 
@@ -151,7 +163,12 @@ def texts(out) -> dict[int, str]:
 
 
 def test_decodebench_serve_prints_what_to_run(server):
+    import psutil
+
     assert "serving " in server.output() and f"base_url={server.base_url}" in server.output()
+    # the layout of one GPU: one engine core process, its worker inside it (vLLM names its processes)
+    names = [" ".join(p.cmdline()[:3]).strip() for p in psutil.Process(server.process.pid).children(recursive=True)]
+    assert names.count("VLLM::EngineCore") == 1 and not any("Worker" in name for name in names), names
     with urllib.request.urlopen(server.base_url.removesuffix("/v1") + "/metrics", timeout=10) as metrics:
         assert b"vllm:" in metrics.read()
 
