@@ -94,7 +94,6 @@ def measure(checkpoint_path: Path, ratios: list[float], count: int, questions: i
     from decodebench.data.embedded import ensure_embedded_model
     from decodebench.kernels.nugget import delimiter_scores, position_scores
     from decodebench.models.nugget.checkpoint import read_checkpoint
-    from decodebench.models.nugget.compressor import layer_hidden_states
     from decodebench.models.nugget.config import NuggetConfig
 
     checkpoint = read_checkpoint(checkpoint_path)
@@ -112,7 +111,7 @@ def measure(checkpoint_path: Path, ratios: list[float], count: int, questions: i
     for window in tqdm(windows, desc="held-out windows"):
         context = window.compressed
         n = len(context)
-        trained_scores = scorer(layer_hidden_states(model, torch.tensor([context]), scorer.layer))
+        trained_scores = scorer.score(model, torch.tensor([context]))
         recent = position_scores(n)
         rows = {("last token only", None): (recent, n, None), ("full context", None): (recent, 1, None)}
         for ratio in ratios:
@@ -159,7 +158,6 @@ def squad_documents(tokenizer, split: str, limit: int | None):
 def answer_coverage(model, tokenizer, scorer, ratios, sinks, questions: int | None) -> dict[tuple, list[bool]]:
     """For each selector and ratio, per squad_mini question: is a gold answer token among the kept ones?"""
     from decodebench.kernels.nugget import delimiter_scores, position_scores
-    from decodebench.models.nugget.compressor import layer_hidden_states
     from decodebench.models.nugget.config import NuggetConfig
 
     generator = torch.Generator().manual_seed(0)
@@ -170,7 +168,7 @@ def answer_coverage(model, tokenizer, scorer, ratios, sinks, questions: int | No
             "truncation": position_scores(n),
             "streaming": position_scores(n, sinks=sinks),
             "delimiter": delimiter_scores([tokenizer.decode([t]) for t in ids]),
-            "trained (its scorer)": scorer(layer_hidden_states(model, torch.tensor([ids]), scorer.layer)),
+            "trained (its scorer)": scorer.score(model, torch.tensor([ids])),
             "random": torch.rand(n, generator=generator),
         }
         for ratio in ratios:

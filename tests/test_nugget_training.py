@@ -4,7 +4,8 @@ that are refused when they cannot be trusted, and memory that stays linear in th
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+import math
+from dataclasses import asdict, replace
 from types import SimpleNamespace
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 from decodebench.data.corpus import PROSE_CORPUS
 from decodebench.models.nugget.checkpoint import FORMAT, CheckpointError, read_checkpoint
 from decodebench.models.nugget.training import TrainingSettings, shingles, split_corpus, train
+from decodebench.models.nugget.training_settings import AUTHORS_RECIPE
 
 pytestmark = pytest.mark.model
 
@@ -155,6 +157,8 @@ def unknown_targets(tensors, metadata):
         (huge_rank, "its metadata says rank 1000000000, but its adapter tensors include"),
         (nan_alpha, "adapter alpha nan: expected a finite number"),
         (unknown_targets, "its adapters wrap ['qkv_proj'], which this model does not have"),
+        (lambda t, m: m.update(scorer='{"feature_norm": "yes"}'), "scorer feature_norm 'yes': expected true or false"),
+        (lambda t, m: m.update(scorer="[1]"), "malformed metadata"),
     ],
 )
 def test_a_checkpoint_that_cannot_be_trusted_is_refused_before_generation(
@@ -215,8 +219,16 @@ def test_the_shipped_checkpoints_match_their_manifests_and_refuse_other_models(t
         checkpoint = read_checkpoint(path)
         assert checkpoint.ratio == ratio and checkpoint.has_adapters and path.stat().st_size <= 16 * 2**20
         assert {t.dtype for t in checkpoint.tensors.values()} == {torch.bfloat16}
-        # train-nugget's defaults are the shipped runs' settings and corpus: `--ratio R` alone repeats them
-        assert manifest["settings"] == asdict(TrainingSettings(ratio=float(ratio)))
+        # train-nugget's defaults are the shipped runs' settings and corpus: `--ratio R` alone repeats them (a
+        # setting added since, which their manifests lack, defaults to what they did)
+        defaults = asdict(TrainingSettings(ratio=float(ratio)))
+        assert manifest["settings"] == {key: defaults[key] for key in manifest["settings"]}
+        added = set(defaults) - set(manifest["settings"])
+        assert added == {"windows", "lora_targets", "lora_dropout", "feature_norm", "weight_decay", "lora_lr"} | {
+            "accumulate"
+        }
+        assert checkpoint.adapters["targets"] == list(TrainingSettings().adapter_targets())
+        assert not checkpoint.feature_norm and TrainingSettings().accumulate == 1
         assert manifest["corpus"] == PROSE_CORPUS and manifest["steps"] == TrainingSettings().steps
         assert manifest["command"].startswith("decodebench train-nugget") and len(manifest["revision"]) >= 40
     assert sorted(p.name for p in WEIGHTS_DIR.glob("*.safetensors")) == [
@@ -284,6 +296,113 @@ def test_windows_in_the_chat_template_with_autoencoding_are_laid_out_as_the_task
     loss = compression_loss(model, scorer, adapters, windows.sample(rng), settings.ratio)
     loss.backward()
     assert torch.isfinite(loss) and adapters.soft_token.grad is not None
+
+
+AUTHORS = replace(
+    SETTINGS,
+    **{**AUTHORS_RECIPE, "accumulate": 2, "lora_lr": 1e-3},
+    steps=4,
+    eval_every=2,
+    save_every=2,
+    held_out_windows=4,
+)
+
+
+def test_the_authors_windows_hold_one_document_each_bos_kept_whole_and_a_fake_eos(tiny_checkpoint):
+    """--recipe authors: a window is one document (BOS, its opening, a "." unless it ends in punctuation; its last
+    tokens the target), never two run together; a document shorter than 4 x ratio tokens is left out."""
+    import random
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from decodebench.models.nugget.compressor import NuggetScorer, encode_nuggets
+    from decodebench.models.nugget.training import DocumentWindows, training_windows
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    documents = [
+        "The tide pools at the north cove hold barnacles, anemones and small crabs that hide under the weed " * 3,
+        "A lighthouse keeper's log records the weather each morning, the ships passing, and the lamp's oil.",
+        "Too short.",
+    ]
+    settings = replace(AUTHORS, context=48, continuation=16)
+    windows = training_windows(tokenizer, documents, settings)
+    assert isinstance(windows, DocumentWindows) and len(windows.documents) == 2
+    tokenize = lambda text: tokenizer(text, add_special_tokens=False).input_ids  # noqa: E731
+    stop, appended = tokenize(".")[-1], []
+    for text, ids in zip(documents, windows.documents, strict=False):
+        assert ids == tokenize(text)[: settings.context + settings.continuation]
+        window = windows.window(ids)
+        assert window.compressed[0] == tokenizer.bos_token_id and window.kept_whole == 1 and window.prompt == []
+        target = 16 if len(ids) > 32 else len(ids) // 2
+        assert window.target == ids[-target:]
+        cut = len(ids) - target
+        ends_a_sentence = ids[cut - 1] in windows.punctuation
+        assert window.compressed[1:] == ids[:cut] + ([] if ends_a_sentence else [stop])
+        appended.append(not ends_a_sentence)
+    assert any(appended)
+    assert {tuple(windows.sample(random.Random(seed)).target) for seed in range(20)} == {
+        tuple(windows.window(ids).target) for ids in windows.documents
+    }
+    # BOS is kept as the prompt's opening is at test time, whatever its score
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint).eval()
+    window = windows.window(windows.documents[0])
+    scores = torch.arange(len(window.compressed), dtype=torch.float32)  # BOS scores lowest
+    nuggets = encode_nuggets(model, torch.tensor([window.compressed]), scores, 4, False, window.kept_whole)
+    assert nuggets.indices[0, 0] == 0 and nuggets.indices.shape[1] == 1 + math.ceil((len(window.compressed) - 1) / 4)
+    # the authors' scorer features: layer 1 through the model's final RMSNorm
+    scorer = NuggetScorer(model.config.hidden_size, layer=1, feature_norm=True)
+    document = torch.tensor([window.compressed])
+    hidden = model(document, output_hidden_states=True).hidden_states[1][0]
+    torch.testing.assert_close(scorer.score(model, document), scorer(model.model.norm(hidden)))
+    assert not torch.allclose(scorer.score(model, document), scorer(hidden))
+
+
+def test_the_authors_recipe_trains_accumulated_batches_with_dropout_and_its_checkpoint_decodes(
+    tiny_checkpoint, corpus, tmp_path, monkeypatch
+):
+    from decodebench.models.nugget import Nugget, training
+    from decodebench.models.nugget.compressor import NuggetAdapters
+
+    windows_scored = []
+    real_loss = training.compression_loss
+    monkeypatch.setattr(
+        training,
+        "compression_loss",
+        lambda model, *args: windows_scored.append(model.training) or real_loss(model, *args),
+    )
+    out = tmp_path / "authors.safetensors"
+    train(str(tiny_checkpoint), out, AUTHORS, corpus=corpus, log=lambda message: None, progress=False)
+    held_out = AUTHORS.held_out_windows * 3  # before training, at step 2 and at step 4
+    assert windows_scored.count(True) == AUTHORS.steps * AUTHORS.accumulate  # dropout on: training mode
+    assert windows_scored.count(False) == held_out  # held-out losses without dropout
+    saved = read_checkpoint(out)
+    assert saved.adapters["targets"] == ["q_proj", "v_proj", "o_proj"] and saved.feature_norm
+    assert saved.training["settings"]["windows"] == "document" and saved.training["settings"]["weight_decay"] == 0.1
+    assert saved.scorer().feature_norm
+    args = {"pretrained": str(tiny_checkpoint), "device": "cpu", "selector": str(out), "ratio": 4}
+    model = Nugget.create(args)
+    assert isinstance(model.method.selector.adapters, NuggetAdapters)
+    assert not model.method.selector.adapters.model.training  # decoding: no dropout
+    request = SimpleNamespace(
+        task_name="t",
+        doc_id=0,
+        idx=0,
+        args=("The old bridge reopened on Monday.\n\nWhat reopened?", {"until": [], "max_gen_toks": 3}),
+    )
+    assert model.generate_until([request]) == Nugget.create(args).generate_until([request])  # deterministic
+
+
+def test_train_nugget_takes_the_authors_recipe_and_names_a_bad_setting_before_loading_anything(tmp_path):
+    from conftest import decodebench_in_process
+
+    helped = decodebench_in_process("train-nugget", "--help", cwd=tmp_path)
+    assert "--recipe {shipped,authors}" in helped.stdout and "--lora-targets q_proj,v_proj,o_proj" in helped.stdout
+    bad = decodebench_in_process(
+        "train-nugget", "--recipe", "authors", "--lora-dropout", "1.5", "--pretrained", "/nonexistent", cwd=tmp_path
+    )
+    assert bad.returncode == 2 and "lora_dropout must be in [0, 1), got 1.5" in bad.stderr
+    bad = decodebench_in_process("train-nugget", "--windows", "pages", "--pretrained", "/nonexistent", cwd=tmp_path)
+    assert bad.returncode == 2 and "windows must be one of joined, document, got 'pages'" in bad.stderr
 
 
 def test_garbage_or_pickled_files_are_refused_without_advice_to_load_them_unsafely(tmp_path):

@@ -129,7 +129,14 @@ TRAINING_FLAGS = {
     "autoencode": (float, "share of windows whose target is the compressed part itself (the rest continue it)"),
     "layer": (int, "layer whose hidden states the scorer reads"),
     "seed": (int, "random seed"),
+    "windows": (str, "'joined' (short documents run on, windows cut at random) or 'document' (one each, BOS first)"),
+    "lora_targets": (str, "the projections the adapters wrap, separated by commas"),
+    "lora_dropout": (float, "dropout on the adapters' input while training"),
+    "weight_decay": (float, "AdamW's weight decay"),
+    "lora_lr": (float, "the adapters' peak learning rate (default: --lr)"),
+    "accumulate": (int, "windows per optimizer step"),
 }
+RECIPES = ("shipped", "authors")
 
 
 def _train_nugget(args: argparse.Namespace) -> int:
@@ -140,9 +147,18 @@ def _train_nugget(args: argparse.Namespace) -> int:
     --model_args selector=PATH`."""
     from decodebench.data.embedded import resolve_pretrained
     from decodebench.models.nugget.training import TrainingSettings, default_checkpoint, train
+    from decodebench.models.nugget.training_settings import AUTHORS_RECIPE
 
+    # the recipe's values, then every flag given (a flag left out is None: the recipe's or the default)
+    given = {name: getattr(args, name) for name in (*TRAINING_FLAGS, "chat", "feature_norm")}
+    recipe = AUTHORS_RECIPE if args.recipe == "authors" else {}
+    try:
+        settings = TrainingSettings(**{**recipe, **{k: v for k, v in given.items() if v is not None}})
+        settings.check()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     pretrained, embedded = resolve_pretrained(args.pretrained)
-    settings = TrainingSettings(**{name: getattr(args, name) for name in (*TRAINING_FLAGS, "chat")})
     name = "embedded" if embedded else Path(str(pretrained).rstrip("/")).name
     out = args.out or default_checkpoint(name, settings.ratio)
     try:
@@ -335,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
         _train_nugget,
         "train the nugget selector (the paper's scorer) on a CPU and save it for --model nugget",
     )
-    from decodebench.models.nugget.training_settings import TrainingSettings
+    from decodebench.models.nugget.training_settings import AUTHORS_RECIPE, TrainingSettings
 
     defaults = TrainingSettings()
     nugget.add_argument(
@@ -359,9 +375,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="lay each window out in the model's chat template: the compressed part in a user turn, an instruction, "
         "the target as the assistant's reply (default: plain text, as the paper trains)",
     )
+    nugget.add_argument(
+        "--feature-norm",
+        dest="feature_norm",
+        action="store_true",
+        default=None,
+        help="the scorer reads its layer through the model's final norm, as the authors' library does",
+    )
+    nugget.add_argument(
+        "--recipe",
+        choices=RECIPES,
+        default="shipped",
+        help="'shipped': the shipped checkpoints' settings (the defaults shown); 'authors': what the authors' code "
+        "does where the paper is silent: "
+        + ", ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in AUTHORS_RECIPE.items())
+        + " (flags given override it)",
+    )
     for name, (kind, what) in TRAINING_FLAGS.items():
         default = getattr(defaults, name)
-        nugget.add_argument(f"--{name}", type=kind, default=default, help=f"{what} (default {default:g})")
+        shown = "--lr" if default is None else default if isinstance(default, str) else f"{default:g}"
+        flag = f"--{name.replace('_', '-')}"
+        nugget.add_argument(flag, dest=name, type=kind, default=None, help=f"{what} (default {shown})")
 
     report = command(
         "report",

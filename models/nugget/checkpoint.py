@@ -3,8 +3,9 @@
 The file holds the scorer (``scorer.*``), the two LoRA adapters (``encoder.*``, ``decoder.*``)
 and the soft token (``soft_token``), and in its metadata the format, the identity of the model it
 was trained for (sizes, vocabulary fingerprint, a probe of its embedding weights), the adapters'
-settings and how it was trained. safetensors holds tensors only, so reading a file can never
-run code; nothing here ever falls back to pickle.
+settings, whether the scorer reads its features through the model's final norm (``scorer``;
+absent in files written before it, which do not) and how it was trained. safetensors holds tensors
+only, so reading a file can never run code; nothing here ever falls back to pickle.
 
 ``read_checkpoint`` checks the file itself (readable, ours, complete, finite) when ``--model
 nugget`` parses its arguments, before the model loads; ``NuggetCheckpoint.check_model`` checks it
@@ -64,6 +65,7 @@ class NuggetCheckpoint:
     adapters: dict[str, Any] | None  # {"rank", "alpha", "targets"}, or None for a scorer alone
     training: dict[str, Any]
     tensors: dict[str, torch.Tensor] = field(repr=False)
+    feature_norm: bool = False  # the scorer reads its layer through the model's final norm (files before: no)
 
     @property
     def has_adapters(self) -> bool:
@@ -82,7 +84,7 @@ class NuggetCheckpoint:
     def scorer(self):
         from decodebench.models.nugget.compressor import NuggetScorer
 
-        scorer = NuggetScorer(self.identity["hidden_size"], self.layer)
+        scorer = NuggetScorer(self.identity["hidden_size"], self.layer, self.feature_norm)
         own = {k.removeprefix("scorer."): v for k, v in self.tensors.items() if k.startswith("scorer.")}
         try:
             scorer.load_state_dict(own)
@@ -92,15 +94,14 @@ class NuggetCheckpoint:
 
     def attach_adapters(self, model):
         """The checkpoint's adapters and soft token, attached to ``model``."""
-        from decodebench.models.nugget.compressor import NuggetAdapters
+        from decodebench.models.nugget.compressor import NuggetAdapters, missing_modules, projections
 
         targets = list(self.adapters["targets"])
-        names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-        unknown = sorted(set(targets) - names)
+        unknown = missing_modules(model, targets)
         if unknown:
             raise CheckpointError(
                 f"{self.path}: its adapters wrap {unknown}, which this model does not have (its modules include "
-                f"{sorted(n for n in names if n.endswith('_proj'))[:8]})"
+                f"{projections(model)})"
             )
         adapters = NuggetAdapters(model, self.adapters["rank"], self.adapters["alpha"], targets)
         wanted = adapters.state_dict()
@@ -150,6 +151,7 @@ def save_checkpoint(
         "format": FORMAT,
         "model": json.dumps(identity),
         "layer": str(scorer.layer),
+        "scorer": json.dumps({"feature_norm": bool(scorer.feature_norm)}),
         "ratio": repr(float(ratio)),
         "adapters": json.dumps(adapters.describe() if adapters is not None else None),
         "training": json.dumps(training),
@@ -191,8 +193,13 @@ def read_checkpoint(path: str | Path) -> NuggetCheckpoint:
         ratio = float(metadata["ratio"])
         adapters = json.loads(metadata["adapters"])
         training = json.loads(metadata.get("training", "{}"))
-    except (KeyError, ValueError, TypeError) as exc:
+        feature_norm = json.loads(metadata.get("scorer", "{}")).get("feature_norm", False)
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
         raise CheckpointError(f"{path}: malformed metadata ({exc!r})") from exc
+    if not isinstance(feature_norm, bool):
+        raise CheckpointError(
+            f"{path}: malformed metadata (scorer feature_norm {feature_norm!r}: expected true or false)"
+        )
     if not isinstance(identity, dict) or not {"hidden_size", "num_hidden_layers", "vocabulary"} <= set(identity):
         raise CheckpointError(f"{path}: malformed metadata (no model identity)")
     if not any(key.startswith("scorer.") for key in tensors):
@@ -204,7 +211,7 @@ def read_checkpoint(path: str | Path) -> NuggetCheckpoint:
     bad = [key for key, value in tensors.items() if not torch.isfinite(value).all()]
     if bad:
         raise CheckpointError(f"{path}: non-finite values (NaN or inf) in {', '.join(sorted(bad)[:5])}")
-    return NuggetCheckpoint(path, identity, layer, ratio, adapters, training, tensors)
+    return NuggetCheckpoint(path, identity, layer, ratio, adapters, training, tensors, feature_norm)
 
 
 def _check_adapter_settings(path: Path, adapters: dict, tensors: dict[str, torch.Tensor]) -> None:

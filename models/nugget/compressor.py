@@ -17,8 +17,10 @@ training (training.py) and decoding (method.py).
   carries eq. 18's straight-through term ``s - StopGrad(s)`` on the nugget columns when training.
 
 Which projections the adapters wrap is not in the paper; rank 32 on three of the four attention
-projections of LLaMA-7B gives exactly its 25.2M parameters per adapter (table 5), so decodebench
-wraps ``q_proj``, ``k_proj`` and ``v_proj`` (reference/nugget.md).
+projections of LLaMA-7B gives exactly its 25.2M parameters per adapter (table 5). The shipped
+checkpoints wrap ``q_proj``, ``k_proj`` and ``v_proj``; the authors' training code wraps ``q_proj``,
+``v_proj`` and ``o_proj`` (``train-nugget --recipe authors``): with grouped-query attention a
+nugget's keys and values are shared by several heads, and ``o_proj`` changes what each head writes back.
 """
 
 from __future__ import annotations
@@ -37,17 +39,33 @@ ADAPTERS = ("encoder", "decoder")
 
 
 class NuggetScorer(torch.nn.Module):
-    """Scorer_phi: Linear -> ReLU -> Linear(1) over layer ``layer``'s hidden states (appendix B.3)."""
+    """Scorer_phi: Linear -> ReLU -> Linear(1) over layer ``layer``'s hidden states (appendix B.3).
 
-    def __init__(self, hidden_size: int, layer: int = SCORER_LAYER):
+    With ``feature_norm`` those states pass through the model's final norm first, as in the authors' library (its
+    scorer reads the last hidden state of a copy of the model cut after ``layer`` layers, where transformers applies
+    the final RMSNorm): on SmolLM2 layer 3's raw states span two orders of magnitude in norm (the first token's
+    810 against a median of 77)."""
+
+    def __init__(self, hidden_size: int, layer: int = SCORER_LAYER, feature_norm: bool = False):
         super().__init__()
-        self.layer = layer
+        self.layer, self.feature_norm = layer, feature_norm
         self.net = torch.nn.Sequential(
             torch.nn.Linear(hidden_size, hidden_size), torch.nn.ReLU(), torch.nn.Linear(hidden_size, 1)
         )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.net(hidden).squeeze(-1)
+
+    def score(self, model, input_ids: torch.Tensor) -> torch.Tensor:
+        """Scores [n] of ``input_ids`` [1, n] from the frozen model's features, in the scorer's dtype."""
+        hidden = layer_hidden_states(model, input_ids, self.layer)
+        if self.feature_norm:
+            norm = getattr(model.get_decoder(), "norm", None)
+            if norm is None:
+                raise ValueError(f"feature_norm needs the model's final norm; {type(model).__name__} has no `norm`")
+            with torch.no_grad():
+                hidden = norm(hidden)
+        return self(hidden.to(self.net[0].weight.dtype))
 
 
 class _StopForward(Exception):
@@ -84,16 +102,29 @@ def layer_hidden_states(model, input_ids: torch.Tensor, layer: int) -> torch.Ten
     raise RuntimeError(f"layer {layer} was never reached")
 
 
+def missing_modules(model, targets) -> list[str]:
+    """The adapter targets (module names, as peft matches them) that ``model`` has no module of."""
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    return sorted(set(targets) - names)
+
+
+def projections(model) -> list[str]:
+    """The names of ``model``'s projections, to say what an adapter could wrap."""
+    return sorted({name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if name.endswith("_proj")})[:8]
+
+
 class NuggetAdapters:
     """The encoder and decoder LoRA adapters and the soft token, attached to one model."""
 
-    def __init__(self, model, rank: int = LORA_RANK, alpha: float | None = None, targets=LORA_TARGETS):
+    def __init__(
+        self, model, rank: int = LORA_RANK, alpha: float | None = None, targets=LORA_TARGETS, dropout: float = 0.0
+    ):
         from peft import LoraConfig
 
         self.model = model
         self.rank, self.alpha, self.targets = rank, float(alpha if alpha is not None else rank), tuple(targets)
-        for name in ADAPTERS:
-            config = LoraConfig(r=rank, lora_alpha=self.alpha, target_modules=list(self.targets), lora_dropout=0.0)
+        for name in ADAPTERS:  # dropout acts only while the model is in training mode
+            config = LoraConfig(r=rank, lora_alpha=self.alpha, target_modules=list(self.targets), lora_dropout=dropout)
             with warnings.catch_warnings():  # two adapters on one model is the point here
                 warnings.filterwarnings("ignore", message="Already found a `peft_config` attribute")
                 model.add_adapter(config, adapter_name=name)

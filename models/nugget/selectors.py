@@ -182,10 +182,7 @@ class TrainedNugget(Selector):
             self.adapters.use("decoder")
 
     def scores(self, lm, document, tail):
-        from decodebench.models.nugget.compressor import layer_hidden_states
-
-        hidden = layer_hidden_states(lm.model, document, self.scorer.layer)
-        return self.scorer(hidden.to(next(self.scorer.parameters()).dtype)).float().cpu()
+        return self.scorer.score(lm.model, document).float().cpu()
 
 
 # -- the attention a question pays to the document, one layer at a time -------------------------

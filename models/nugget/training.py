@@ -25,6 +25,14 @@ cosine); here the parts are up to ``context`` (256) and ``continuation`` (64) to
 budget is ``steps`` (about 1.5 hours for the embedded model on one core), so the learning rate
 is higher (5e-4), the warm-up 5% of the steps, then cosine to zero. Everything else is the paper's.
 
+Where the paper is silent, the authors' code decides (``--recipe authors``, training_settings.AUTHORS_RECIPE;
+the defaults stay what the shipped checkpoints were trained with): their Dodo training code's windows (one
+document each, BOS first, a fake EOS: ``DocumentWindows``), LoRA on ``q_proj``, ``v_proj`` and ``o_proj`` with
+dropout 0.1, AdamW with weight decay 0.1 (and a learning rate of the adapters' own, ``lora_lr``), and a batch of
+windows per step (``accumulate``; the authors' batches are 1 per GPU on 16 GPUs, times 2 accumulated); their nugget
+library's scorer features (layer 3 through the final RMSNorm, ``NuggetScorer.feature_norm``). Not offered: the Dodo
+code's residual alternative to the straight-through estimator (the paper and library use the estimator, as here).
+
 The corpus is plain prose that no task evaluates on (by default three dictionaries that Debian
 packages: FOLDOC, the Jargon File and The Devil's Dictionary, harness/data/corpus.py; the paper's general
 web text cannot be downloaded here), and any document that shares a 13-word sequence with the
@@ -43,6 +51,7 @@ import math
 import os
 import random
 import re
+import string
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -55,8 +64,9 @@ from decodebench.models.nugget.compressor import (
     NuggetAdapters,
     NuggetScorer,
     encode_nuggets,
-    layer_hidden_states,
+    missing_modules,
     nugget_attention_mask,
+    projections,
 )
 from decodebench.models.nugget.training_settings import TrainingSettings
 
@@ -138,6 +148,7 @@ class Window:
     compressed: list[int]
     prompt: list[int]
     target: list[int]
+    kept_whole: int = 0  # the compressed part's first tokens kept as they are (as --model nugget keeps an opening)
 
 
 class Framing:
@@ -204,10 +215,47 @@ class Windows:
         return self.framing.window(part, continuation, autoencode=rng.random() < s.autoencode)
 
 
+class DocumentWindows:
+    """The authors' layout (the text-continuation windows of their Dodo training code): one document per window,
+    nothing joined. The compressed part is the tokenizer's BOS, kept whole as ``--model nugget`` keeps a prompt's
+    opening, then the document's opening with a "." appended unless it ends in punctuation (their fake EOS: the last
+    token, which is always kept, then ends a text, as a document's last token does at test time); the target is the
+    document's last ``continuation`` tokens, or the second half of a document shorter than twice that. A document is
+    read up to ``context + continuation`` tokens; one shorter than ``4 * ratio`` is left out."""
+
+    def __init__(self, tokenizer, documents: list[str], settings: TrainingSettings):
+        self.settings = settings
+        tokenize = lambda text: tokenizer(text, add_special_tokens=False).input_ids  # noqa: E731
+        self.opening = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+        self.punctuation = {tokenize(mark)[-1] for mark in string.punctuation}
+        self.fake_eos = tokenize(".")[-1]
+        longest, shortest = settings.context + settings.continuation, math.ceil(4 * settings.ratio)
+        tokenized = (tokenize(d)[:longest] for d in documents)
+        self.documents = [ids for ids in tokenized if len(ids) >= shortest]
+        if not self.documents:
+            raise ValueError(f"no document has the {shortest} tokens a training window needs")
+
+    def window(self, tokens: list[int]) -> Window:
+        c = self.settings.continuation
+        target = c if len(tokens) > 2 * c else len(tokens) // 2
+        part = tokens[:-target]
+        if part[-1] not in self.punctuation:
+            part = [*part, self.fake_eos]
+        return Window(self.opening + part, [], tokens[-target:], kept_whole=len(self.opening))
+
+    def sample(self, rng: random.Random) -> Window:
+        return self.window(rng.choice(self.documents))
+
+
+def training_windows(tokenizer, documents: list[str], settings: TrainingSettings) -> Windows | DocumentWindows:
+    """The windows ``settings.windows`` names: "joined" (Windows) or "document" (DocumentWindows)."""
+    return (DocumentWindows if settings.windows == "document" else Windows)(tokenizer, documents, settings)
+
+
 def held_out_windows(tokenizer, held_docs: list[str], settings: TrainingSettings, count: int) -> list[Window]:
     """The held-out windows training reports its loss on (a fixed draw: the first ``count`` are
     always the same for the same documents and settings)."""
-    windows, rng = Windows(tokenizer, held_docs, settings), random.Random(settings.seed + 1)
+    windows, rng = training_windows(tokenizer, held_docs, settings), random.Random(settings.seed + 1)
     return [windows.sample(rng) for _ in range(count)]
 
 
@@ -226,8 +274,8 @@ def compression_loss(
 def _compression_loss(model, scorer, adapters, window: Window, ratio, device) -> torch.Tensor:
     document = torch.tensor([window.compressed], device=device)
     n = len(window.compressed)
-    scores = scorer(layer_hidden_states(model, document, scorer.layer).float())  # [n]
-    nuggets = encode_nuggets(model, document, scores, ratio, encoder=True)
+    scores = scorer.score(model, document)  # [n]
+    nuggets = encode_nuggets(model, document, scores, ratio, encoder=True, kept_whole=window.kept_whole)
     adapters.use("decoder", trainable=torch.is_grad_enabled())
     read = torch.tensor(window.prompt + window.target, device=device)
     embedded = model.get_input_embeddings()(read)
@@ -253,7 +301,12 @@ def _compute_dtype(model, device) -> torch.dtype:
 
 @torch.no_grad()
 def held_out_loss(model, scorer, adapters, windows: list[Window], ratio: float) -> float:
-    losses = [float(compression_loss(model, scorer, adapters, window, ratio)) for window in windows]
+    training = model.training
+    model.eval()  # no adapter dropout
+    try:
+        losses = [float(compression_loss(model, scorer, adapters, window, ratio)) for window in windows]
+    finally:
+        model.train(training)
     return sum(losses) / len(losses)
 
 
@@ -313,15 +366,24 @@ def train(
         parameter.requires_grad_(False)
     if not 0 <= settings.layer <= model.config.num_hidden_layers:
         raise ValueError(f"layer must be in 0..{model.config.num_hidden_layers}, got {settings.layer}")
-    scorer = NuggetScorer(model.config.hidden_size, settings.layer)
-    adapters = NuggetAdapters(model, settings.rank)
-    trained = [*scorer.parameters(), *adapters.parameters("encoder"), *adapters.parameters("decoder")]
-    trained.append(adapters.soft_token)
-    optimizer = torch.optim.Adam(trained, lr=settings.lr, betas=(0.9, 0.95), eps=1e-5)
+    missing = missing_modules(model, settings.adapter_targets())
+    if missing:
+        raise ValueError(f"lora_targets: this model has no {missing} (its projections: {projections(model)})")
+    scorer = NuggetScorer(model.config.hidden_size, settings.layer, settings.feature_norm)
+    adapters = NuggetAdapters(model, settings.rank, targets=settings.adapter_targets(), dropout=settings.lora_dropout)
+    lora = [*adapters.parameters("encoder"), *adapters.parameters("decoder")]
+    others = [*scorer.parameters(), adapters.soft_token]
+    trained = [*others, *lora]
+    # AdamW (with no weight decay, Adam's update); the authors give the adapters a learning rate of their own
+    groups = [{"params": others}, {"params": lora, "lr": settings.lora_lr or settings.lr}]
+    optimizer = torch.optim.AdamW(
+        groups, lr=settings.lr, betas=(0.9, 0.95), eps=1e-5, weight_decay=settings.weight_decay
+    )
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _learning_rate(step, settings))
+    model.train(settings.lora_dropout > 0)  # the adapters' dropout acts in training mode; the model has none of its own
 
     rng = random.Random(settings.seed)
-    train_windows = Windows(tokenizer, training_docs, settings)
+    train_windows = training_windows(tokenizer, training_docs, settings)
     held_windows = held_out_windows(tokenizer, held_docs, settings, settings.held_out_windows)
     record = {
         "settings": asdict(settings),
@@ -341,13 +403,16 @@ def train(
     bar = tqdm(total=settings.steps, initial=start, desc="train-nugget", disable=not progress)
     started = time.perf_counter()
     for step in range(start, settings.steps):
-        loss = compression_loss(model, scorer, adapters, train_windows.sample(rng), settings.ratio)
         optimizer.zero_grad()
-        loss.backward()
+        loss = 0.0
+        for _ in range(settings.accumulate):  # a batch of windows, one at a time: the mean of their losses
+            window_loss = compression_loss(model, scorer, adapters, train_windows.sample(rng), settings.ratio)
+            (window_loss / settings.accumulate).backward()
+            loss += window_loss.item() / settings.accumulate
         torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
         schedule.step()
-        record["losses"].append(loss.item())
+        record["losses"].append(loss)
         bar.update(1)
         bar.set_postfix(loss=f"{sum(record['losses'][-20:]) / len(record['losses'][-20:]):.3f}")
         done = step + 1

@@ -9,6 +9,18 @@ from dataclasses import dataclass
 # the paper's: the scorer reads layer 3 (appendix B.3), the adapters have rank 32 (appendix B)
 SCORER_LAYER = 3
 LORA_RANK = 32
+WINDOWS = ("joined", "document")
+
+# What the authors' code does where the paper is silent (their nugget library and Dodo training code; notes in
+# training.py): `decodebench train-nugget --recipe authors`. The defaults stay the shipped checkpoints' settings.
+AUTHORS_RECIPE = {
+    "windows": "document",  # one document per window: BOS, the part to compress, a "." unless it ends in punctuation
+    "lora_targets": "q_proj,v_proj,o_proj",
+    "lora_dropout": 0.1,
+    "feature_norm": True,  # the scorer reads layer 3's states through the model's final RMSNorm
+    "weight_decay": 0.1,  # AdamW
+    "accumulate": 32,  # windows per optimizer step
+}
 
 
 @dataclass(frozen=True)
@@ -26,6 +38,14 @@ class TrainingSettings:
     warmup: float = 0.05  # share of the steps
     rank: int = LORA_RANK
     layer: int = SCORER_LAYER
+    # Added after the shipped runs, each defaulting to what they did (AUTHORS_RECIPE: the authors' values):
+    windows: str = "joined"  # "joined": short documents run on into windows cut at random; "document": one each
+    lora_targets: str = "q_proj,k_proj,v_proj"  # the projections both adapters wrap
+    lora_dropout: float = 0.0  # dropout on the adapters' input while training
+    feature_norm: bool = False  # the scorer's features through the model's final norm
+    weight_decay: float = 0.0  # AdamW's decoupled weight decay (0: Adam's update)
+    lora_lr: float | None = None  # the adapters' peak learning rate (None: lr, as the scorer's and soft token's)
+    accumulate: int = 1  # windows per optimizer step (their gradients summed, the loss their mean)
     seed: int = 0
     held_out_windows: int = 24
     eval_every: int = 250
@@ -41,5 +61,20 @@ class TrainingSettings:
             raise ValueError(f"context={self.context} leaves nothing to compress at ratio {self.ratio}")
         if not (math.isfinite(self.autoencode) and 0 <= self.autoencode <= 1):
             raise ValueError(f"autoencode must be a share in [0, 1], got {self.autoencode}")
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
+        for name in ("lr", "lora_lr"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value}")
+        if self.windows not in WINDOWS:
+            raise ValueError(f"windows must be one of {', '.join(WINDOWS)}, got {self.windows!r}")
+        if not self.adapter_targets() or not all(t.isidentifier() for t in self.adapter_targets()):
+            raise ValueError(f"lora_targets must be module names separated by commas, got {self.lora_targets!r}")
+        if not (math.isfinite(self.lora_dropout) and 0 <= self.lora_dropout < 1):
+            raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay}")
+        if self.accumulate < 1:
+            raise ValueError(f"accumulate must be >= 1, got {self.accumulate}")
+
+    def adapter_targets(self) -> tuple[str, ...]:
+        return tuple(name.strip() for name in self.lora_targets.split(",") if name.strip())
