@@ -19,6 +19,11 @@ them (the encoder adapter builds them, section 3); a trained method whose accura
 dropped, to what truncation manages there is not carrying it.
 
 Per-question data: docs/data/nugget-kept/; ``--from`` renders the page from it and the nugget study's data.
+
+A checkpoint from ``decodebench train-nugget`` is gated the same way before any generation run (issue 35):
+``--checkpoint PATH`` adds it as a selector at the ratio it was trained for, ``--selectors`` picks the built-in ones
+beside it, ``--limit`` the questions and ``--doc`` a page of its own, e.g. ``python studies/nugget_kept.py
+--checkpoint r5.safetensors --selectors trained,truncation --limit 200 --doc /tmp/gate.md``.
 """
 
 from __future__ import annotations
@@ -63,48 +68,71 @@ def collect(folder: Path, argv: list[str], args) -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     task, docs = common.task_docs(TASK, args.limit)
     records = [{"doc_id": i} for i in range(len(docs))]
-    for name in SELECTORS:
-        for ratio in RATIOS if name == "trained" else RATIOS[:1]:  # only the trained scorer differs by ratio
-            lm = get_model("nugget").create_from_arg_string(
-                f"pretrained=embedded,selector={name},ratio={ratio:g},device={device}"
+    for name, selector, ratio, kept_ratios in selector_runs(args.selectors, args.checkpoint):
+        lm = get_model("nugget").create_from_arg_string(
+            f"pretrained=embedded,selector={selector},ratio={ratio:g},device={device}"
+        )
+        method = lm.method
+        for record, doc in zip(records, tqdm(docs, desc=f"{name} @ {ratio:g}"), strict=True):
+            prompt = lm.apply_chat_template([{"role": "user", "content": task.doc_to_text(doc)}])
+            ids = lm.tok_batch_encode([prompt])[0][0].tolist()
+            encoded = lm.tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
+            if encoded["input_ids"] != ids:
+                raise ValueError(f"question {record['doc_id']}: its offsets are not those of the tokens lm_eval sent")
+            n = method.split_point(lm, ids)
+            opening = method.opening_length(lm, ids, n)  # the method's default: wrapper=kept
+            answer = answer_tokens(
+                encoded["offset_mapping"],
+                prompt,
+                doc["context"],
+                doc["answers"]["answer_start"][0],
+                doc["answers"]["text"][0],
             )
-            method = lm.method
-            for record, doc in zip(records, tqdm(docs, desc=f"{name} @ {ratio:g}"), strict=True):
-                prompt = lm.apply_chat_template([{"role": "user", "content": task.doc_to_text(doc)}])
-                ids = lm.tok_batch_encode([prompt])[0][0].tolist()
-                encoded = lm.tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
-                if encoded["input_ids"] != ids:
-                    raise ValueError(
-                        f"question {record['doc_id']}: its offsets are not those of the tokens lm_eval sent"
+            if not answer or answer[-1] >= n:
+                raise ValueError(f"question {record['doc_id']}: its answer is not inside the document")
+            if answer[0] < opening:
+                raise ValueError(f"question {record['doc_id']}: its answer starts inside the template's opening")
+            record.update(document_tokens=n, opening_tokens=opening, answer_tokens=len(answer))
+            with torch.inference_mode():
+                scores = method.selector.scores(lm, torch.tensor([ids[:n]], device=lm.device), ids[n:])
+            for kept_ratio in kept_ratios:
+                for layout, whole in (("kept", opening), ("compressed", 0)):
+                    indices, _ = select_topk(
+                        scores.float()[None].cpu(), torch.tensor([n]), kept_ratio, kept_whole=torch.tensor([whole])
                     )
-                n = method.split_point(lm, ids)
-                opening = method.opening_length(lm, ids, n)  # the method's default: wrapper=kept
-                answer = answer_tokens(
-                    encoded["offset_mapping"],
-                    prompt,
-                    doc["context"],
-                    doc["answers"]["answer_start"][0],
-                    doc["answers"]["text"][0],
-                )
-                if not answer or answer[-1] >= n:
-                    raise ValueError(f"question {record['doc_id']}: its answer is not inside the document")
-                if answer[0] < opening:
-                    raise ValueError(f"question {record['doc_id']}: its answer starts inside the template's opening")
-                record.update(document_tokens=n, opening_tokens=opening, answer_tokens=len(answer))
-                with torch.inference_mode():
-                    scores = method.selector.scores(lm, torch.tensor([ids[:n]], device=lm.device), ids[n:])
-                for kept_ratio in [ratio] if name == "trained" else RATIOS:
-                    for layout, whole in (("kept", opening), ("compressed", 0)):
-                        indices, _ = select_topk(
-                            scores.float()[None].cpu(), torch.tensor([n]), kept_ratio, kept_whole=torch.tensor([whole])
-                        )
-                        kept = set(indices[0].tolist())
-                        record.setdefault(f"wrapper={layout}", {})[f"{name}@{kept_ratio:g}"] = sum(
-                            i in kept for i in answer
-                        )
-            del lm, method
+                    kept = set(indices[0].tolist())
+                    record.setdefault(f"wrapper={layout}", {})[f"{name}@{kept_ratio:g}"] = sum(
+                        i in kept for i in answer
+                    )
+        del lm, method
     save_json(folder, "answers_kept.json", records)
     record_run(folder, __file__, argv, started)
+
+
+def selector_runs(selectors: list[str], checkpoints: list[str]) -> list[tuple[str, str, float, list[float]]]:
+    """(name on the page, --model_args selector, the ratio it scores at, the ratios its scores are cut at): a trained
+    scorer (the shipped one per ratio, or a checkpoint at its own ratio) differs by ratio, the others do not."""
+    from decodebench.models.nugget.checkpoint import read_checkpoint
+
+    runs = []
+    for name in selectors:
+        for ratio in RATIOS if name == "trained" else RATIOS[:1]:
+            runs.append((name, name, ratio, [ratio] if name == "trained" else list(RATIOS)))
+    for path in checkpoints:
+        ratio = read_checkpoint(path).ratio  # a file that is not a checkpoint is named before anything loads
+        runs.append((Path(path).stem, str(Path(path).resolve()), ratio, [ratio]))
+    return runs
+
+
+def page_rows(records: list[dict]) -> list[tuple[float, str]]:
+    """(ratio, selector) of every column the data holds, by ratio: the built-in selectors in SELECTORS' order, then
+    checkpoints by name (the data's keys are stored sorted)."""
+    keys = [key.rsplit("@", 1) for key in records[0]["wrapper=kept"]]
+    names = {name for name, _ in keys}
+    order = [name for name in SELECTORS if name in names] + sorted(names - set(SELECTORS))
+    ratios = sorted({float(ratio) for _, ratio in keys})
+    present = {(name, float(ratio)) for name, ratio in keys}
+    return [(ratio, name) for ratio in ratios for name in order if (name, ratio) in present]
 
 
 def study_scores(name: str, ratio: float | None, data: Path = STUDY_DATA) -> dict[int, float] | None:
@@ -162,33 +190,32 @@ def accuracy_section(records: list[dict], full: dict[int, float], layout: str, s
         "full context there | accuracy, answer dropped | full context there |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for ratio in RATIOS:
-        for name in SELECTORS:
-            key = f"{name}@{ratio:g}"
-            scores = study_scores(name, ratio, data)
-            kept = answers_kept(records, layout, key)
-            share = sum(r[f"wrapper={layout}"][key] / r["answer_tokens"] for r in records) / len(records)
-            groups = {
-                was_kept: [r["doc_id"] for r, k in zip(records, kept, strict=True) if k == was_kept]
-                for was_kept in (True, False)
-            }
-            lines.append(
-                f"| {name} | {ratio:g} | {share_text(kept)} | {share:.3f} | "
-                + " | ".join(
-                    f"{accuracy(None if scores is None else [scores[i] for i in groups[g]])} | "
-                    f"{accuracy([full[i] for i in groups[g]])}"
-                    for g in (True, False)
-                )
-                + " |"
+    for ratio, name in page_rows(records):
+        key = f"{name}@{ratio:g}"
+        scores = study_scores(name, ratio, data)
+        kept = answers_kept(records, layout, key)
+        share = sum(r[f"wrapper={layout}"][key] / r["answer_tokens"] for r in records) / len(records)
+        groups = {
+            was_kept: [r["doc_id"] for r, k in zip(records, kept, strict=True) if k == was_kept]
+            for was_kept in (True, False)
+        }
+        lines.append(
+            f"| {name} | {ratio:g} | {share_text(kept)} | {share:.3f} | "
+            + " | ".join(
+                f"{accuracy(None if scores is None else [scores[i] for i in groups[g]])} | "
+                f"{accuracy([full[i] for i in groups[g]])}"
+                for g in (True, False)
             )
+            + " |"
+        )
     return lines
 
 
 def render(folder: Path) -> str:
     records = load_json(folder, "answers_kept.json")
     full = study_scores("full", None)
-    if sorted(full) != [r["doc_id"] for r in records]:
-        raise ValueError(f"{STUDY_DATA}: its {TASK} questions are not the {len(records)} this page's data has")
+    if not {r["doc_id"] for r in records} <= set(full):
+        raise ValueError(f"{STUDY_DATA}: its {TASK} questions do not include the {len(records)} this page's data has")
 
     def mean(value) -> float:
         return sum(value(r) for r in records) / len(records)
@@ -214,19 +241,21 @@ def render(folder: Path) -> str:
         "wrapper=kept: vs truncation | wrapper=kept: vs streaming |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for ratio in RATIOS:
-        for name in SELECTORS:
-            key = f"{name}@{ratio:g}"
-            kept, compressed = answers_kept(records, "kept", key), answers_kept(records, "compressed", key)
-            peers = [
-                "-" if peer == name else paired_text(kept, answers_kept(records, "kept", f"{peer}@{ratio:g}"))
-                for peer in ("truncation", "streaming")
-            ]
-            lines.append(
-                f"| {name} | {ratio:g} | {share_text(kept)} | {share_text(compressed)} | "
-                f"{paired_text(kept, compressed)} | {' | '.join(peers)} |"
-            )
-    same = all(
+    columns = set(records[0]["wrapper=kept"])
+    for ratio, name in page_rows(records):
+        key = f"{name}@{ratio:g}"
+        kept, compressed = answers_kept(records, "kept", key), answers_kept(records, "compressed", key)
+        peers = [
+            "-"
+            if peer == name or f"{peer}@{ratio:g}" not in columns
+            else paired_text(kept, answers_kept(records, "kept", f"{peer}@{ratio:g}"))
+            for peer in ("truncation", "streaming")
+        ]
+        lines.append(
+            f"| {name} | {ratio:g} | {share_text(kept)} | {share_text(compressed)} | "
+            f"{paired_text(kept, compressed)} | {' | '.join(peers)} |"
+        )
+    same = {"streaming@5", "truncation@5"} <= columns and all(
         answers_kept(records, "kept", f"streaming@{r:g}") == answers_kept(records, "kept", f"truncation@{r:g}")
         for r in RATIOS
     )
@@ -245,6 +274,20 @@ def render(folder: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = doc_parser(__doc__, "docs/nugget-kept.md")
     parser.add_argument("--limit", type=int, default=None, help=f"{TASK} questions (default: all, as the study)")
+    parser.add_argument(
+        "--selectors",
+        type=lambda text: [name for name in text.split(",") if name],
+        default=list(SELECTORS),
+        help=f"built-in selectors, separated by commas (default: {','.join(SELECTORS)})",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a checkpoint from decodebench train-nugget, gated beside them at the ratio it was trained for "
+        "(repeatable)",
+    )
     args: argparse.Namespace = parser.parse_args(argv)
     return page(args, argv, lambda folder, command: collect(folder, command, args), render)
 

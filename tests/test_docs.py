@@ -100,3 +100,30 @@ def test_nugget_kept_finds_an_answers_tokens_by_their_characters():
     assert answer_tokens(offsets, prompt, context, 4, "cat") == [2]
     with pytest.raises(ValueError, match="not found"):
         answer_tokens(offsets, prompt, context, 0, "cat")
+
+
+@pytest.mark.model
+def test_nugget_kept_gates_a_checkpoint_beside_the_built_in_selectors(tmp_path):
+    """``--checkpoint``: a train-nugget file scored at its own ratio; the shipped ratio-5 file given by path keeps,
+    question by question, what ``selector=trained`` keeps at ratio 5."""
+    import json
+
+    import nugget_kept
+
+    from decodebench.models.nugget.shipped import shipped_checkpoint
+
+    path = shipped_checkpoint(5)
+    doc = tmp_path / "gate.md"
+    argv = ["--checkpoint", str(path), "--selectors", "trained,truncation", "--limit", "3", "--doc", str(doc)]
+    assert nugget_kept.main(argv) == 0
+    records = json.loads((common.data_dir(doc) / "answers_kept.json").read_text())
+    assert len(records) == 3 and set(records[0]["wrapper=kept"]) == {
+        "trained@5",
+        "trained@10",
+        "truncation@5",
+        "truncation@10",
+        f"{path.stem}@5",
+    }
+    for layout in ("wrapper=kept", "wrapper=compressed"):
+        assert [r[layout][f"{path.stem}@5"] for r in records] == [r[layout]["trained@5"] for r in records]
+    assert f"| {path.stem} | 5 |" in doc.read_text()
