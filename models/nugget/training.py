@@ -380,7 +380,8 @@ def train(
         groups, lr=settings.lr, betas=(0.9, 0.95), eps=1e-5, weight_decay=settings.weight_decay
     )
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _learning_rate(step, settings))
-    model.train(settings.lora_dropout > 0)  # the adapters' dropout acts in training mode; the model has none of its own
+    # the adapters' dropout acts in training mode (as any dropout of the model's own would: Llama models have none)
+    model.train(settings.lora_dropout > 0)
 
     rng = random.Random(settings.seed)
     train_windows = training_windows(tokenizer, training_docs, settings)
