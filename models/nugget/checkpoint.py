@@ -80,6 +80,13 @@ class NuggetCheckpoint:
             )
         if not 0 <= self.layer <= actual["num_hidden_layers"]:
             raise CheckpointError(f"{self.path}: scorer layer {self.layer} is outside this model's layers")
+        if self.feature_norm:  # named before the first request, not at its scoring
+            from decodebench.models.nugget.compressor import final_norm
+
+            try:
+                final_norm(model)
+            except ValueError as exc:
+                raise CheckpointError(f"{self.path}: {exc}") from None
 
     def scorer(self):
         from decodebench.models.nugget.compressor import NuggetScorer

@@ -60,12 +60,17 @@ class NuggetScorer(torch.nn.Module):
         """Scores [n] of ``input_ids`` [1, n] from the frozen model's features, in the scorer's dtype."""
         hidden = layer_hidden_states(model, input_ids, self.layer)
         if self.feature_norm:
-            norm = getattr(model.get_decoder(), "norm", None)
-            if norm is None:
-                raise ValueError(f"feature_norm needs the model's final norm; {type(model).__name__} has no `norm`")
             with torch.no_grad():
-                hidden = norm(hidden)
+                hidden = final_norm(model)(hidden)
         return self(hidden.to(self.net[0].weight.dtype))
+
+
+def final_norm(model) -> torch.nn.Module:
+    """The decoder's final norm, which a ``feature_norm`` scorer reads its layer through."""
+    norm = getattr(model.get_decoder(), "norm", None)
+    if norm is None:
+        raise ValueError(f"feature_norm needs the model's final norm; {type(model).__name__} has no `norm`")
+    return norm
 
 
 class _StopForward(Exception):
