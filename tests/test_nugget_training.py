@@ -13,7 +13,7 @@ import torch
 
 from decodebench.data.corpus import PROSE_CORPUS
 from decodebench.models.nugget.checkpoint import FORMAT, CheckpointError, read_checkpoint
-from decodebench.models.nugget.training import TrainingSettings, shingles, split_corpus, train
+from decodebench.models.nugget.training import TrainingSettings, shingles, split_corpus, train, training_device
 from decodebench.models.nugget.training_settings import AUTHORS_RECIPE
 
 pytestmark = pytest.mark.model
@@ -187,6 +187,7 @@ def test_training_writes_a_manifest_whose_sha256_the_loader_checks(trained, tiny
     manifest = json.loads(manifest_path(out).read_text())
     assert manifest["sha256"] == sha256_file(out) and manifest["bytes"] == out.stat().st_size
     assert manifest["steps"] == SETTINGS.steps and manifest["seed"] == SETTINGS.seed
+    assert manifest["device"] == str(training_device())  # the CPU here, the GPU where torch sees one
     assert manifest["final_held_out_loss"] == read_checkpoint(out).training["held_out"][-1][1]
     split = manifest["corpus_split"]
     assert (
@@ -403,6 +404,11 @@ def test_train_nugget_takes_the_authors_recipe_and_names_a_bad_setting_before_lo
     assert bad.returncode == 2 and "lora_dropout must be in [0, 1), got 1.5" in bad.stderr
     bad = decodebench_in_process("train-nugget", "--windows", "pages", "--pretrained", "/nonexistent", cwd=tmp_path)
     assert bad.returncode == 2 and "windows must be one of joined, document, got 'pages'" in bad.stderr
+    bad = decodebench_in_process("train-nugget", "--device", "tpu", "--pretrained", "/nonexistent", cwd=tmp_path)
+    assert bad.returncode == 2 and "device='tpu': allowed: cpu, cuda, cuda:N" in bad.stderr
+    if not torch.cuda.is_available():  # a GPU asked for where there is none: said before the model loads
+        bad = decodebench_in_process("train-nugget", "--device", "cuda", "--pretrained", "/nonexistent", cwd=tmp_path)
+        assert bad.returncode == 2 and "sees no CUDA device here; allowed: cpu" in bad.stderr
 
 
 def test_garbage_or_pickled_files_are_refused_without_advice_to_load_them_unsafely(tmp_path):

@@ -146,7 +146,7 @@ def _train_nugget(args: argparse.Namespace) -> int:
     file (run the same command again to continue), and saves one safetensors file for `lm_eval --model nugget
     --model_args selector=PATH`."""
     from decodebench.data.embedded import resolve_pretrained
-    from decodebench.models.nugget.training import TrainingSettings, default_checkpoint, train
+    from decodebench.models.nugget.training import TrainingSettings, default_checkpoint, train, training_device
     from decodebench.models.nugget.training_settings import AUTHORS_RECIPE
 
     # the recipe's values, then every flag given (a flag left out is None: the recipe's or the default)
@@ -155,6 +155,7 @@ def _train_nugget(args: argparse.Namespace) -> int:
     try:
         settings = TrainingSettings(**{**recipe, **{k: v for k, v in given.items() if v is not None}})
         settings.check()
+        device = training_device(args.device)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -169,6 +170,7 @@ def _train_nugget(args: argparse.Namespace) -> int:
             corpus=args.corpus,
             log=lambda msg: print(msg, file=sys.stderr),
             command=shlex.join(["decodebench", *sys.argv[1:]]),
+            device=str(device),
         )
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -349,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     nugget = command(
         "train-nugget",
         _train_nugget,
-        "train the nugget selector (the paper's scorer) on a CPU and save it for --model nugget",
+        "train the nugget selector (the paper's scorer) on a CPU or a CUDA GPU and save it for --model nugget",
     )
     from decodebench.models.nugget.training_settings import AUTHORS_RECIPE, TrainingSettings
 
@@ -361,6 +363,11 @@ def build_parser() -> argparse.ArgumentParser:
         "DECODEBENCH_HOME/nugget/<model>-r<ratio>.safetensors)",
     )
     nugget.add_argument("--pretrained", default="embedded", help="model (default: the embedded one)")
+    nugget.add_argument(
+        "--device",
+        default=None,
+        help="cpu, cuda or cuda:N (default: the first CUDA device where torch sees one, else the CPU)",
+    )
     nugget.add_argument(
         "--corpus",
         default=None,

@@ -87,10 +87,15 @@ def git_revision(folder: str | Path | None = None) -> str:
 
 
 def write_manifest(
-    checkpoint: str | Path, command: str, corpus_split: dict[str, Any], threads: int, revision: str | None = None
+    checkpoint: str | Path,
+    command: str,
+    corpus_split: dict[str, Any],
+    threads: int,
+    revision: str | None = None,
+    device: str = "cpu",
 ) -> Path:
     """Write the manifest beside ``checkpoint`` from the training record in its metadata (``revision``: the
-    training code's commit, by default the current checkout's)."""
+    training code's commit, by default the current checkout's; ``device``: where it trained)."""
     from decodebench.measure.machine import describe, short_name
     from decodebench.models.nugget.checkpoint import read_checkpoint
 
@@ -115,6 +120,7 @@ def write_manifest(
         "training_seconds": training.get("seconds_this_run"),
         "revision": revision or git_revision(),
         "machine": f"{short_name(describe())}, torch threads {threads}",
+        "device": device,
     }
     path = manifest_path(checkpoint)
     path.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")

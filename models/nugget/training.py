@@ -327,6 +327,26 @@ def _learning_rate(step: int, settings: TrainingSettings) -> float:
     return 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def training_device(name: str | None = None) -> torch.device:
+    """The device train-nugget runs on: ``name`` (cpu, cuda or cuda:N), by default the first CUDA device where torch
+    sees one, else the CPU. A device this machine lacks is an error that names what it has, before anything loads."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device={name!r}: allowed: cpu, cuda, cuda:N")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"device={name}: torch {torch.__version__} sees no CUDA device here; allowed: cpu")
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"device={name}: torch sees {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    return device
+
+
 def train(
     model_path: str,
     out: str | Path,
@@ -336,10 +356,11 @@ def train(
     log: Callable[[str], None] = print,
     progress: bool = True,
     command: str = "decodebench train-nugget (from Python)",
+    device: str | None = None,
 ) -> Path:
-    """Train (or resume training) and save the checkpoint at ``out`` with its manifest beside it
-    (models/nugget/shipped.py: ``command``, the corpus split, the losses, the revision, the sha256); returns its
-    path."""
+    """Train (or resume training) on ``device`` (``training_device``) and save the checkpoint at ``out`` with its
+    manifest beside it (models/nugget/shipped.py: ``command``, the corpus split, the losses, the revision, the
+    sha256, the machine and device); returns its path."""
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -349,6 +370,7 @@ def train(
 
     settings = settings or TrainingSettings()
     settings.check()
+    device = training_device(device)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     resume_path = out.with_name(out.name + ".resume.pt")
@@ -361,7 +383,7 @@ def train(
 
     torch.manual_seed(settings.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     if not 0 <= settings.layer <= model.config.num_hidden_layers:
@@ -369,7 +391,8 @@ def train(
     missing = missing_modules(model, settings.adapter_targets())
     if missing:
         raise ValueError(f"lora_targets: this model has no {missing} (its projections: {projections(model)})")
-    scorer = NuggetScorer(model.config.hidden_size, settings.layer, settings.feature_norm)
+    scorer = NuggetScorer(model.config.hidden_size, settings.layer, settings.feature_norm).to(device)
+    # peft puts each adapter on its base layer's device; the soft token starts from the (moved) embeddings
     adapters = NuggetAdapters(model, settings.rank, targets=settings.adapter_targets(), dropout=settings.lora_dropout)
     lora = [*adapters.parameters("encoder"), *adapters.parameters("decoder")]
     others = [*scorer.parameters(), adapters.soft_token]
@@ -430,7 +453,7 @@ def train(
     path = save_checkpoint(out, scorer, adapters, model_identity(model, tokenizer), settings.ratio, training)
     (out.with_name(out.name + ".log.json")).write_text(json.dumps(record, indent=1))
     corpus_split = corpus_record(documents, training_docs, held_docs, dropped)
-    write_manifest(path, command, corpus_split, torch.get_num_threads(), revision)
+    write_manifest(path, command, corpus_split, torch.get_num_threads(), revision, device=str(device))
     first, last = record["held_out"][0][1], record["held_out"][-1][1]
     log(
         f"saved {path}: held-out loss {first:.3f} -> {last:.3f} "
@@ -448,6 +471,8 @@ def _save_resume(path: Path, step: int, scorer, adapters, optimizer, schedule, r
         "schedule": schedule.state_dict(),
         "rng": json.dumps(rng.getstate()),
         "torch_rng": torch.get_rng_state(),
+        # the adapters' dropout draws on the device's generator
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
         "record": json.dumps(record),
     }
     partial = path.with_name(f".{path.name}.partial")
@@ -477,5 +502,7 @@ def _resume(path: Path, settings, scorer, adapters, optimizer, schedule, rng, re
     version, internal, gauss = json.loads(state["rng"])
     rng.setstate((version, tuple(internal), gauss))
     torch.set_rng_state(state["torch_rng"])
+    if state.get("cuda_rng") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
     record.update(saved)
     return int(state["step"])
