@@ -358,24 +358,83 @@ def test_the_authors_windows_hold_one_document_each_bos_kept_whole_and_a_fake_eo
     assert not torch.allclose(scorer.score(model, document), scorer(hidden))
 
 
+@pytest.mark.parametrize("recipe", ["joined chat windows", "the authors' document windows"])
+def test_windows_stepped_together_give_each_window_its_own_loss_and_gradients(tiny_checkpoint, recipe):
+    """A padded batch of windows of different lengths (compressed parts, kept openings, prompts, targets) gives every
+    window the loss it has alone, and the batch's summed loss the summed gradients of the scorer (through the
+    straight-through term), both adapters and the soft token: padding reaches no real token."""
+    import random
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from decodebench.models.nugget.compressor import NuggetAdapters, NuggetScorer
+    from decodebench.models.nugget.training import compression_loss, compression_losses, training_windows
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    if recipe == "joined chat windows":
+        settings = TrainingSettings(ratio=4, context=64, continuation=16, autoencode=0.5, chat=True)
+    else:
+        settings = replace(AUTHORS, context=48, continuation=16)
+    entries = [
+        f"Entry {i}: the tide pools at cove {i} hold barnacles, anemones and {i % 7} crabs. " * (1 + i % 4)
+        for i in range(40)
+    ]
+    rng = random.Random(3)
+    windows = [training_windows(tokenizer, entries, settings).sample(rng) for _ in range(5)]
+    assert len({len(w.compressed) for w in windows}) > 1 and len({len(w.prompt + w.target) for w in windows}) > 1
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
+    torch.manual_seed(0)
+    scorer = NuggetScorer(model.config.hidden_size, layer=1, feature_norm=settings.feature_norm)
+    adapters = NuggetAdapters(model, rank=4, targets=settings.adapter_targets())
+    with torch.no_grad():  # adapters that start at zero would hide a gradient that never reaches them
+        for parameter in [*adapters.parameters("encoder"), *adapters.parameters("decoder")]:
+            parameter.normal_(std=0.05)
+    trained = [
+        *scorer.parameters(),
+        adapters.soft_token,
+        *adapters.parameters("encoder"),
+        *adapters.parameters("decoder"),
+    ]
+
+    def gradients(loss):
+        for parameter in trained:
+            parameter.grad = None
+        loss.backward()
+        # the encoder's last query projection reaches no kept key or value: no gradient, alone or together
+        return [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in trained]
+
+    alone = [compression_loss(model, scorer, adapters, w, settings.ratio, autocast=False) for w in windows]
+    together = compression_losses(model, scorer, adapters, windows, settings.ratio, autocast=False)
+    torch.testing.assert_close(together, torch.stack(alone), rtol=1e-5, atol=1e-5)
+    expected, got = gradients(torch.stack(alone).sum()), gradients(together.sum())
+    assert all(g.abs().sum() > 0 for g in got[:5])  # the scorer learns through eq. 18's term, and the soft token
+    decoder = len(adapters.parameters("decoder"))
+    assert all(g.abs().sum() > 0 for g in got[-decoder:])  # as does every decoder adapter tensor
+    for want, have in zip(expected, got, strict=True):
+        torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-6)
+
+
 def test_the_authors_recipe_trains_accumulated_batches_with_dropout_and_its_checkpoint_decodes(
     tiny_checkpoint, corpus, tmp_path, monkeypatch
 ):
     from decodebench.models.nugget import Nugget, training
     from decodebench.models.nugget.compressor import NuggetAdapters
 
-    windows_scored = []
-    real_loss = training.compression_loss
-    monkeypatch.setattr(
-        training,
-        "compression_loss",
-        lambda model, *args: windows_scored.append(model.training) or real_loss(model, *args),
-    )
+    passes = []  # (training mode, windows) of each forward pass
+    real_losses = training.compression_losses
+
+    def counted(model, scorer, adapters, windows, *args):
+        passes.append((model.training, len(windows)))
+        return real_losses(model, scorer, adapters, windows, *args)
+
+    monkeypatch.setattr(training, "compression_losses", counted)
     out = tmp_path / "authors.safetensors"
-    train(str(tiny_checkpoint), out, AUTHORS, corpus=corpus, log=lambda message: None, progress=False)
+    train(str(tiny_checkpoint), out, AUTHORS, corpus=corpus, log=lambda message: None, progress=False, micro_batch=3)
     held_out = AUTHORS.held_out_windows * 3  # before training, at step 2 and at step 4
-    assert windows_scored.count(True) == AUTHORS.steps * AUTHORS.accumulate  # dropout on: training mode
-    assert windows_scored.count(False) == held_out  # held-out losses without dropout
+    # dropout on (training mode) for the steps' windows, 3 to a pass: each step's 2 in one
+    assert [count for mode, count in passes if mode] == [AUTHORS.accumulate] * AUTHORS.steps
+    assert sum(count for mode, count in passes if not mode) == held_out  # held-out losses without dropout
+    assert {count for mode, count in passes if not mode} == {3, 1}  # 4 held-out windows: 3, then 1
     saved = read_checkpoint(out)
     assert saved.adapters["targets"] == ["q_proj", "v_proj", "o_proj"] and saved.feature_norm
     assert saved.training["settings"]["windows"] == "document" and saved.training["settings"]["weight_decay"] == 0.1
@@ -406,6 +465,8 @@ def test_train_nugget_takes_the_authors_recipe_and_names_a_bad_setting_before_lo
     assert bad.returncode == 2 and "windows must be one of joined, document, got 'pages'" in bad.stderr
     bad = decodebench_in_process("train-nugget", "--device", "tpu", "--pretrained", "/nonexistent", cwd=tmp_path)
     assert bad.returncode == 2 and "device='tpu': allowed: cpu, cuda, cuda:N" in bad.stderr
+    bad = decodebench_in_process("train-nugget", "--micro-batch", "0", "--pretrained", "/nonexistent", cwd=tmp_path)
+    assert bad.returncode == 2 and "micro_batch (windows per forward pass) must be an integer >= 1, got 0" in bad.stderr
     if not torch.cuda.is_available():  # a GPU asked for where there is none: said before the model loads
         bad = decodebench_in_process("train-nugget", "--device", "cuda", "--pretrained", "/nonexistent", cwd=tmp_path)
         assert bad.returncode == 2 and "sees no CUDA device here; allowed: cpu" in bad.stderr

@@ -147,7 +147,7 @@ def _train_nugget(args: argparse.Namespace) -> int:
     --model_args selector=PATH`."""
     from decodebench.data.embedded import resolve_pretrained
     from decodebench.models.nugget.training import TrainingSettings, default_checkpoint, train, training_device
-    from decodebench.models.nugget.training_settings import AUTHORS_RECIPE
+    from decodebench.models.nugget.training_settings import AUTHORS_RECIPE, check_micro_batch
 
     # the recipe's values, then every flag given (a flag left out is None: the recipe's or the default)
     given = {name: getattr(args, name) for name in (*TRAINING_FLAGS, "chat", "feature_norm")}
@@ -156,6 +156,7 @@ def _train_nugget(args: argparse.Namespace) -> int:
         settings = TrainingSettings(**{**recipe, **{k: v for k, v in given.items() if v is not None}})
         settings.check()
         device = training_device(args.device)
+        check_micro_batch(args.micro_batch)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -171,6 +172,7 @@ def _train_nugget(args: argparse.Namespace) -> int:
             log=lambda msg: print(msg, file=sys.stderr),
             command=shlex.join(["decodebench", *sys.argv[1:]]),
             device=str(device),
+            micro_batch=args.micro_batch,
         )
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -353,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
         _train_nugget,
         "train the nugget selector (the paper's scorer) on a CPU or a CUDA GPU and save it for --model nugget",
     )
-    from decodebench.models.nugget.training_settings import AUTHORS_RECIPE, TrainingSettings
+    from decodebench.models.nugget.training_settings import AUTHORS_RECIPE, MICRO_BATCH, TrainingSettings
 
     defaults = TrainingSettings()
     nugget.add_argument(
@@ -367,6 +369,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--device",
         default=None,
         help="cpu, cuda or cuda:N (default: the first CUDA device where torch sees one, else the CPU)",
+    )
+    nugget.add_argument(
+        "--micro-batch",
+        type=int,
+        default=MICRO_BATCH,
+        help="windows in one forward pass: a step's --accumulate windows go through the model this many at a time "
+        f"(the same loss and gradients, up to rounding, in fewer passes; default {MICRO_BATCH})",
     )
     nugget.add_argument(
         "--corpus",

@@ -16,6 +16,9 @@ training (training.py) and decoding (method.py).
 - ``nugget_attention_mask``: the decoder's additive mask over [nuggets; soft token; text], which
   carries eq. 18's straight-through term ``s - StopGrad(s)`` on the nugget columns when training.
 
+Scoring and encoding take a batch of right-padded rows (training steps several windows in one forward pass);
+decoding compresses each row on its own.
+
 Which projections the adapters wrap is not in the paper; rank 32 on three of the four attention
 projections of LLaMA-7B gives exactly its 25.2M parameters per adapter (table 5). The shipped
 checkpoints wrap ``q_proj``, ``k_proj`` and ``v_proj``; the authors' training code wraps ``q_proj``,
@@ -58,7 +61,12 @@ class NuggetScorer(torch.nn.Module):
 
     def score(self, model, input_ids: torch.Tensor) -> torch.Tensor:
         """Scores [n] of ``input_ids`` [1, n] from the frozen model's features, in the scorer's dtype."""
-        hidden = layer_hidden_states(model, input_ids, self.layer)
+        return self.score_batch(model, input_ids)[0]
+
+    def score_batch(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Scores [B, n] of the rows of ``input_ids`` [B, n] (right-padded, ``attention_mask`` [B, n] marking the
+        real tokens; a pad's score means nothing)."""
+        hidden = layer_hidden_states(model, input_ids, self.layer, attention_mask)
         if self.feature_norm:
             with torch.no_grad():
                 hidden = final_norm(model)(hidden)
@@ -86,11 +94,13 @@ def decoder_layers(model) -> torch.nn.ModuleList:
 
 
 @torch.no_grad()
-def layer_hidden_states(model, input_ids: torch.Tensor, layer: int) -> torch.Tensor:
-    """Hidden states [n, d] after ``layer`` decoder layers (transformers' ``hidden_states[layer]``;
-    0 is the embeddings) of the model without adapters, computing no layer above it."""
+def layer_hidden_states(
+    model, input_ids: torch.Tensor, layer: int, attention_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Hidden states [B, n, d] of ``input_ids`` [B, n] after ``layer`` decoder layers (transformers'
+    ``hidden_states[layer]``; 0 is the embeddings) of the model without adapters, computing no layer above it."""
     if layer == 0:
-        return model.get_input_embeddings()(input_ids)[0]
+        return model.get_input_embeddings()(input_ids)
 
     def stop(module, args, output):
         raise _StopForward(output[0] if isinstance(output, tuple) else output)
@@ -99,9 +109,9 @@ def layer_hidden_states(model, input_ids: torch.Tensor, layer: int) -> torch.Ten
     adapters = NuggetAdapters.attached(model)
     try:
         with adapters.disabled() if adapters else contextlib.nullcontext():
-            model(input_ids=input_ids, use_cache=False)
+            model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     except _StopForward as stopped:
-        return stopped.hidden[0]
+        return stopped.hidden
     finally:
         handle.remove()
     raise RuntimeError(f"layer {layer} was never reached")
@@ -181,10 +191,11 @@ class NuggetAdapters:
 
 @dataclass
 class Nuggets:
-    """The compressed document: every layer's cache at the kept positions, and what was kept."""
+    """The compressed documents: every layer's cache at the kept positions, and what was kept."""
 
-    cache: object  # transformers DynamicCache holding k positions per layer
-    indices: torch.Tensor  # [1, k] kept positions, in text order
+    cache: object  # transformers DynamicCache holding k_max positions per row and layer
+    indices: torch.Tensor  # [B, k_max] kept positions, in text order (a row's unused slots last)
+    mask: torch.Tensor  # [B, k_max] which slots hold a row's nugget (rows keep different numbers)
     full_kv_bytes: int
 
 
@@ -193,25 +204,35 @@ def cache_bytes(cache) -> int:
 
 
 def encode_nuggets(
-    model, document: torch.Tensor, scores: torch.Tensor, ratio: float, encoder: bool, kept_whole: int = 0
+    model,
+    documents: torch.Tensor,
+    scores: torch.Tensor,
+    ratio: float,
+    encoder: bool,
+    kept_whole: int | torch.Tensor = 0,
+    lengths: torch.Tensor | None = None,
 ) -> Nuggets:
-    """Encode ``document`` [1, n] (with the encoder adapter when ``encoder``) and keep ``ceil(n / ratio)``
-    positions of every layer, chosen by ``scores`` [n] (eqs. 14-15); with ``kept_whole = w``, its first ``w``
-    tokens (the prompt's opening) are kept as they are and the ratio applies to the other ``n - w``."""
+    """Encode ``documents`` [B, n] (with the encoder adapter when ``encoder``) and keep ``ceil(n / ratio)``
+    positions of every layer of each row, chosen by ``scores`` [B, n] ([n] for one row; eqs. 14-15); with
+    ``kept_whole = w`` (an int or [B]), a row's first ``w`` tokens (the prompt's opening) are kept as they are and the
+    ratio applies to the other ``n - w``. Rows shorter than ``n`` are right-padded, their ``lengths`` [B] given."""
     from transformers import DynamicCache
 
-    n, device = document.shape[1], document.device
-    whole = torch.tensor([kept_whole], device=device)
-    indices, _ = select_topk(scores.detach()[None], torch.tensor([n], device=device), ratio, kept_whole=whole)
+    batch, n = documents.shape
+    device = documents.device
+    present = None if lengths is None else (torch.arange(n, device=device)[None] < lengths[:, None]).long()
+    lengths = torch.full((batch,), n, device=device) if lengths is None else lengths
+    whole = torch.as_tensor(kept_whole, device=device).expand(batch)
+    indices, mask = select_topk(scores.detach().reshape(batch, n), lengths, ratio, kept_whole=whole)
     cache = DynamicCache(config=model.config)
     adapters = NuggetAdapters.attached(model)
     if encoder:
         adapters.use("encoder", trainable=torch.is_grad_enabled())
     with adapters.disabled() if adapters and not encoder else contextlib.nullcontext():
-        model(input_ids=document, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=documents, attention_mask=present, past_key_values=cache, use_cache=True, logits_to_keep=1)
     full = cache_bytes(cache)
     kept = DynamicCache(ddp_cache_data=[gather_kv(layer.keys, layer.values, indices) for layer in cache.layers])
-    return Nuggets(kept, indices, full)
+    return Nuggets(kept, indices, mask, full)
 
 
 @contextlib.contextmanager
@@ -283,12 +304,18 @@ def stack_nuggets(model, rows: list, device) -> tuple[object, torch.Tensor]:
     return DynamicCache(ddp_cache_data=stacked), mask
 
 
-def nugget_attention_mask(nugget_scores: torch.Tensor, length: int, dtype=torch.float32) -> torch.Tensor:
-    """Additive mask [1, 1, length, k + length]: every position sees all k nuggets, then the text
-    causally. The nugget columns carry ``s - StopGrad(s)`` (eq. 18): zero in the forward pass, and
-    in the backward pass each score receives the gradient of every attention logit that reaches its
-    nugget, from every position, head and layer (eq. 17)."""
-    k = nugget_scores.shape[0]
+def nugget_attention_mask(
+    nugget_scores: torch.Tensor, length: int, dtype=torch.float32, nugget_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Additive mask [B, 1, length, k + length] from each row's nugget scores [B, k]: every position sees the row's
+    nuggets (``nugget_mask`` [B, k]: which of the k slots hold one; all by default), then the text causally. The
+    nugget columns carry ``s - StopGrad(s)`` (eq. 18): zero in the forward pass, and in the backward pass each score
+    receives the gradient of every attention logit that reaches its nugget, from every position, head and layer
+    (eq. 17)."""
+    batch, k = nugget_scores.shape
     causal = torch.full((length, length), float("-inf"), dtype=dtype, device=nugget_scores.device).triu(1)
-    bias = straight_through_bias(nugget_scores.to(dtype))[None, :].expand(length, k)
-    return torch.cat([bias, causal], dim=1)[None, None]
+    bias = straight_through_bias(nugget_scores.to(dtype))
+    if nugget_mask is not None:
+        bias = bias.masked_fill(~nugget_mask, float("-inf"))
+    nuggets = bias[:, None, None, :].expand(batch, 1, length, k)
+    return torch.cat([nuggets, causal.expand(batch, 1, length, length)], dim=-1)

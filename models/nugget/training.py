@@ -25,6 +25,11 @@ cosine); here the parts are up to ``context`` (256) and ``continuation`` (64) to
 budget is ``steps`` (about 1.5 hours for the embedded model on one core), so the learning rate
 is higher (5e-4), the warm-up 5% of the steps, then cosine to zero. Everything else is the paper's.
 
+How a step runs (not what it learns): its windows go through the model ``micro_batch`` at a time, right-padded into
+one forward pass of the scorer, the encoder and the decoder each (``compression_losses``: every window's loss and
+gradients are those it has alone, up to rounding), in bfloat16 mixed precision where the device has bfloat16
+(``mixed_precision``) and float32 where it would be emulated.
+
 Where the paper is silent, the authors' code decides (``--recipe authors``, training_settings.AUTHORS_RECIPE;
 the defaults stay what the shipped checkpoints were trained with): their Dodo training code's windows (one
 document each, BOS first, a fake EOS: ``DocumentWindows``), LoRA on ``q_proj``, ``v_proj`` and ``o_proj`` with
@@ -68,7 +73,7 @@ from decodebench.models.nugget.compressor import (
     nugget_attention_mask,
     projections,
 )
-from decodebench.models.nugget.training_settings import TrainingSettings
+from decodebench.models.nugget.training_settings import MICRO_BATCH, TrainingSettings, check_micro_batch
 
 SHINGLE_WORDS = 13  # the n-gram length of the usual contamination checks
 # what a window asks of the nuggets: the paper's autoencoding (section 4) or its zero-shot continuation (section 6)
@@ -260,37 +265,81 @@ def held_out_windows(tokenizer, held_docs: list[str], settings: TrainingSettings
 
 
 # -- the objective ---------------------------------------------------------------------------
-def compression_loss(
-    model, scorer: NuggetScorer, adapters: NuggetAdapters, window: Window, ratio: float, autocast: bool = True
+def mixed_precision(device: torch.device) -> bool:
+    """Whether training autocasts to bfloat16 on ``device`` (bfloat16 matrix products, float32 weights and loss), as
+    the paper trains: on a GPU with bfloat16, and on a CPU with bfloat16 instructions (AVX-512 BF16, AMX). Elsewhere
+    bfloat16 is emulated: on 2 AVX2 cores (studies/nugget_batch_bench.py --bfloat16, 2026-11-27) a window under
+    autocast ran at 0.07x [0.04, 0.12] float32's speed (12.0 s against 0.83 s)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch built without oneDNN
+        return False
+
+
+def compression_losses(
+    model,
+    scorer: NuggetScorer,
+    adapters: NuggetAdapters,
+    windows: list[Window],
+    ratio: float,
+    autocast: bool | None = None,
 ) -> torch.Tensor:
-    """Mean negative log-likelihood of the window's target given the nuggets of its compressed part and its
-    uncompressed prompt (eqs. 12-18)."""
+    """Each window's mean negative log-likelihood [B] of its target given the nuggets of its compressed part and its
+    uncompressed prompt (eqs. 12-18), the windows stepped together in one forward pass of each kind; in mixed
+    precision where the device has bfloat16 (``autocast=None``: ``mixed_precision``)."""
     device = next(model.parameters()).device
-    # mixed precision, as the paper trains (bfloat16 matrix products, float32 weights and loss)
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-        return _compression_loss(model, scorer, adapters, window, ratio, device)
+    enabled = mixed_precision(device) if autocast is None else autocast
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled):
+        return _compression_losses(model, scorer, adapters, windows, ratio, device)
 
 
-def _compression_loss(model, scorer, adapters, window: Window, ratio, device) -> torch.Tensor:
-    document = torch.tensor([window.compressed], device=device)
-    n = len(window.compressed)
-    scores = scorer.score(model, document)  # [n]
-    nuggets = encode_nuggets(model, document, scores, ratio, encoder=True, kept_whole=window.kept_whole)
+def compression_loss(
+    model, scorer: NuggetScorer, adapters: NuggetAdapters, window: Window, ratio: float, autocast: bool | None = None
+) -> torch.Tensor:
+    """One window's loss (``compression_losses`` of a batch of one)."""
+    return compression_losses(model, scorer, adapters, [window], ratio, autocast)[0]
+
+
+def right_padded(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows [B, longest] padded on the right with token 0 (causal attention keeps a row's real tokens from
+    seeing what follows them), and their lengths [B]."""
+    lengths = torch.tensor([len(row) for row in rows], device=device)
+    padded = torch.zeros(len(rows), int(lengths.max()), dtype=torch.long, device=device)
+    for i, row in enumerate(rows):
+        padded[i, : len(row)] = torch.tensor(row, device=device)
+    return padded, lengths
+
+
+def _compression_losses(model, scorer, adapters, windows: list[Window], ratio, device) -> torch.Tensor:
+    documents, lengths = right_padded([window.compressed for window in windows], device)
+    present = (torch.arange(documents.shape[1], device=device)[None] < lengths[:, None]).long()
+    scores = scorer.score_batch(model, documents, present)  # [B, n]
+    kept_whole = torch.tensor([window.kept_whole for window in windows], device=device)
+    nuggets = encode_nuggets(model, documents, scores, ratio, encoder=True, kept_whole=kept_whole, lengths=lengths)
     adapters.use("decoder", trainable=torch.is_grad_enabled())
-    read = torch.tensor(window.prompt + window.target, device=device)
+    read, _ = right_padded([window.prompt + window.target for window in windows], device)
     embedded = model.get_input_embeddings()(read)
-    embeds = torch.cat([adapters.soft_token[None].to(embedded.dtype), embedded])[None]
+    soft = adapters.soft_token.to(embedded.dtype).expand(len(windows), 1, -1)
+    embeds = torch.cat([soft, embedded], dim=1)  # [B, 1 + t, d]: the soft token, then what the nuggets precede
     length = embeds.shape[1]
+    mask = nugget_attention_mask(
+        scores.gather(1, nuggets.indices), length, _compute_dtype(model, device), nugget_mask=nuggets.mask
+    )
     logits = model(
         inputs_embeds=embeds,
         past_key_values=nuggets.cache,
-        attention_mask=nugget_attention_mask(scores[nuggets.indices[0]], length, _compute_dtype(model, device)),
-        position_ids=torch.arange(n, n + length, device=device)[None],
-    ).logits[0]
-    # the soft token predicts the prompt's first token, each token the next; only the target's are scored
-    first = len(window.prompt)
-    predicted = logits[first : first + len(window.target)].float()
-    return torch.nn.functional.cross_entropy(predicted, read[first:])
+        attention_mask=mask,
+        position_ids=lengths[:, None] + torch.arange(length, device=device)[None],
+    ).logits
+    # the soft token predicts the prompt's first token, each token the next; only the targets' are scored
+    labels = torch.full((len(windows), length), -100, dtype=torch.long, device=device)
+    for i, window in enumerate(windows):
+        first = len(window.prompt)
+        labels[i, first : first + len(window.target)] = read[i, first : first + len(window.target)]
+    token_losses = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), labels, reduction="none")
+    return token_losses.sum(dim=1) / (labels != -100).sum(dim=1)
 
 
 def _compute_dtype(model, device) -> torch.dtype:
@@ -299,12 +348,35 @@ def _compute_dtype(model, device) -> torch.dtype:
     return model.get_input_embeddings().weight.dtype
 
 
+def in_batches(items: list, size: int) -> list[list]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def backward_step(
+    model, scorer, adapters, windows: list[Window], ratio: float, micro_batch: int, autocast: bool | None = None
+) -> float:
+    """One step's gradients: the mean of ``windows``' losses, backpropagated ``micro_batch`` windows at a time,
+    windows of like length together (less padding; the sum of gradients is the same in any order); returns that
+    mean."""
+    loss = 0.0
+    by_length = sorted(windows, key=lambda window: len(window.compressed))
+    for batch in in_batches(by_length, micro_batch):
+        batch_loss = compression_losses(model, scorer, adapters, batch, ratio, autocast).sum() / len(windows)
+        batch_loss.backward()
+        loss += batch_loss.item()
+    return loss
+
+
 @torch.no_grad()
-def held_out_loss(model, scorer, adapters, windows: list[Window], ratio: float) -> float:
+def held_out_loss(model, scorer, adapters, windows: list[Window], ratio: float, micro_batch: int = 1) -> float:
     training = model.training
     model.eval()  # no adapter dropout
     try:
-        losses = [float(compression_loss(model, scorer, adapters, window, ratio)) for window in windows]
+        losses = [
+            float(loss)
+            for batch in in_batches(windows, micro_batch)
+            for loss in compression_losses(model, scorer, adapters, batch, ratio)
+        ]
     finally:
         model.train(training)
     return sum(losses) / len(losses)
@@ -347,41 +419,11 @@ def training_device(name: str | None = None) -> torch.device:
     return device
 
 
-def train(
-    model_path: str,
-    out: str | Path,
-    settings: TrainingSettings | None = None,
-    corpus: str | None = None,
-    model_name: str | None = None,
-    log: Callable[[str], None] = print,
-    progress: bool = True,
-    command: str = "decodebench train-nugget (from Python)",
-    device: str | None = None,
-) -> Path:
-    """Train (or resume training) on ``device`` (``training_device``) and save the checkpoint at ``out`` with its
-    manifest beside it (models/nugget/shipped.py: ``command``, the corpus split, the losses, the revision, the
-    sha256, the machine and device); returns its path."""
-    from tqdm import tqdm
+def trainable_parts(model_path: str, settings: TrainingSettings, device: torch.device):
+    """(tokenizer, model, scorer, adapters): the frozen model in float32 on ``device``, a fresh scorer over its
+    layer ``settings.layer`` and fresh adapters (``settings``' targets and dropout) with the soft token."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from decodebench.models.nugget.shipped import git_revision, write_manifest
-
-    revision = git_revision()  # the code this run starts from: the checkout may change while it trains
-
-    settings = settings or TrainingSettings()
-    settings.check()
-    device = training_device(device)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    resume_path = out.with_name(out.name + ".resume.pt")
-    documents, corpus_name = read_documents(corpus)
-    training_docs, held_docs, dropped = split_corpus(documents)
-    log(
-        f"corpus: {corpus_name}: {len(documents)} documents, {dropped} dropped for sharing text with the evaluation "
-        f"samples, {len(held_docs)} held out"
-    )
-
-    torch.manual_seed(settings.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
     for parameter in model.parameters():
@@ -394,6 +436,48 @@ def train(
     scorer = NuggetScorer(model.config.hidden_size, settings.layer, settings.feature_norm).to(device)
     # peft puts each adapter on its base layer's device; the soft token starts from the (moved) embeddings
     adapters = NuggetAdapters(model, settings.rank, targets=settings.adapter_targets(), dropout=settings.lora_dropout)
+    return tokenizer, model, scorer, adapters
+
+
+def train(
+    model_path: str,
+    out: str | Path,
+    settings: TrainingSettings | None = None,
+    corpus: str | None = None,
+    model_name: str | None = None,
+    log: Callable[[str], None] = print,
+    progress: bool = True,
+    command: str = "decodebench train-nugget (from Python)",
+    device: str | None = None,
+    micro_batch: int = MICRO_BATCH,
+) -> Path:
+    """Train (or resume training) on ``device`` (``training_device``) and save the checkpoint at ``out`` with its
+    manifest beside it (models/nugget/shipped.py: ``command``, the corpus split, the losses, the revision, the
+    sha256, the machine and device); returns its path. A step's ``settings.accumulate`` windows go through the model
+    ``micro_batch`` at a time (padded into one forward pass: the same loss and gradients as one at a time, up to
+    rounding, in fewer and larger passes)."""
+    from tqdm import tqdm
+
+    from decodebench.models.nugget.shipped import git_revision, write_manifest
+
+    revision = git_revision()  # the code this run starts from: the checkout may change while it trains
+
+    settings = settings or TrainingSettings()
+    settings.check()
+    check_micro_batch(micro_batch)
+    device = training_device(device)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    resume_path = out.with_name(out.name + ".resume.pt")
+    documents, corpus_name = read_documents(corpus)
+    training_docs, held_docs, dropped = split_corpus(documents)
+    log(
+        f"corpus: {corpus_name}: {len(documents)} documents, {dropped} dropped for sharing text with the evaluation "
+        f"samples, {len(held_docs)} held out"
+    )
+
+    torch.manual_seed(settings.seed)
+    tokenizer, model, scorer, adapters = trainable_parts(model_path, settings, device)
     lora = [*adapters.parameters("encoder"), *adapters.parameters("decoder")]
     others = [*scorer.parameters(), adapters.soft_token]
     trained = [*others, *lora]
@@ -421,18 +505,21 @@ def train(
         start = _resume(resume_path, settings, scorer, adapters, optimizer, schedule, rng, record)
         log(f"resuming from step {start} ({resume_path})")
     else:
-        record["held_out"].append([0, held_out_loss(model, scorer, adapters, held_windows, settings.ratio)])
+        held = held_out_loss(model, scorer, adapters, held_windows, settings.ratio, micro_batch)
+        record["held_out"].append([0, held])
         log(f"held-out loss before training: {record['held_out'][0][1]:.3f}")
 
+    # how this run stepped its windows (a resume may step them otherwise)
+    record["micro_batch"], record["precision"] = (
+        micro_batch,
+        "bfloat16 autocast" if mixed_precision(device) else "float32",
+    )
     bar = tqdm(total=settings.steps, initial=start, desc="train-nugget", disable=not progress)
     started = time.perf_counter()
     for step in range(start, settings.steps):
         optimizer.zero_grad()
-        loss = 0.0
-        for _ in range(settings.accumulate):  # a batch of windows, one at a time: the mean of their losses
-            window_loss = compression_loss(model, scorer, adapters, train_windows.sample(rng), settings.ratio)
-            (window_loss / settings.accumulate).backward()
-            loss += window_loss.item() / settings.accumulate
+        windows = [train_windows.sample(rng) for _ in range(settings.accumulate)]
+        loss = backward_step(model, scorer, adapters, windows, settings.ratio, micro_batch)
         torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
         schedule.step()
@@ -441,14 +528,15 @@ def train(
         bar.set_postfix(loss=f"{sum(record['losses'][-20:]) / len(record['losses'][-20:]):.3f}")
         done = step + 1
         if done % settings.eval_every == 0 or done == settings.steps:
-            held = held_out_loss(model, scorer, adapters, held_windows, settings.ratio)
+            held = held_out_loss(model, scorer, adapters, held_windows, settings.ratio, micro_batch)
             record["held_out"].append([done, held])
             log(f"step {done}: held-out loss {held:.3f}")
         if done % settings.save_every == 0 or done == settings.steps:
             _save_resume(resume_path, done, scorer, adapters, optimizer, schedule, rng, record)
     bar.close()
     record["seconds_this_run"] = time.perf_counter() - started
-    training = {key: record[key] for key in ("settings", "corpus", "dropped_documents", "held_out", "seconds_this_run")}
+    kept = ("settings", "corpus", "dropped_documents", "held_out", "seconds_this_run", "micro_batch", "precision")
+    training = {key: record[key] for key in kept}
     training["steps_done"] = settings.steps
     path = save_checkpoint(out, scorer, adapters, model_identity(model, tokenizer), settings.ratio, training)
     (out.with_name(out.name + ".log.json")).write_text(json.dumps(record, indent=1))

@@ -10,6 +10,17 @@ from dataclasses import dataclass
 SCORER_LAYER = 3
 LORA_RANK = 32
 WINDOWS = ("joined", "document")
+# windows per forward pass (how a step's ``accumulate`` windows go through the model, not what it learns):
+# `python studies/nugget_batch_bench.py` (the authors' windows, 8 a step, 6 rounds, 2 AVX2 cores, 2026-11-27): 4 at a
+# time 1.23x [1.11, 1.37] one at a time's speed, 8 at a time 0.86x [0.75, 0.99] (padding costs a CPU more than the
+# passes it saves); on a GPU larger batches pay: measure them there with --device cuda --micro-batch 8,32
+MICRO_BATCH = 4
+
+
+def check_micro_batch(micro_batch: int) -> None:
+    if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
+        raise ValueError(f"micro_batch (windows per forward pass) must be an integer >= 1, got {micro_batch!r}")
+
 
 # What the authors' code does where the paper is silent (their nugget library and Dodo training code; notes in
 # training.py): `decodebench train-nugget --recipe authors`. The defaults stay the shipped checkpoints' settings.
