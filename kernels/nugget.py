@@ -12,6 +12,7 @@ keys are cached after the rotary embedding, each nugget keeps its original posit
 - ``delimiter_scores`` / ``position_scores``: scores of the training-free selectors (the
   paper's section 7.1 finds that its learned selector mostly picks punctuation and delimiters);
   ``salience_scores``: a training-free peer of ours, names and numbers and then surprise, whole words;
+  ``question_overlap_scores``: a query-aware one, the sentences that share the question's words first;
 - ``straight_through_bias``: eq. 18's ``s - StopGrad(s)``, zero in the forward pass, which
   carries the gradient of the attention logits to the scores when training the selector.
 """
@@ -19,6 +20,7 @@ keys are cached after the rotary embedding, each nugget keeps its original posit
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 
@@ -126,6 +128,31 @@ def salience_scores(token_texts: list[str], surprisal: torch.Tensor) -> torch.Te
     firsts = [token_texts[i].lstrip()[:1] for i in torch.nonzero(starts).flatten().tolist()]  # each word's
     salient = torch.tensor([float(ch.isupper() or ch.isdigit()) for ch in firsts])  # first character
     return (SALIENT_FIRST * salient + peak)[word]
+
+
+def content_words(text: str) -> set[str]:
+    """The words of ``text`` that can tie a sentence to a question: lower-cased runs of letters and digits, longer than
+    three characters (short ones are mostly function words: "the", "was", "of") or numbers."""
+    return {word for word in re.findall(r"[a-z0-9]+", text.lower()) if len(word) > 3 or word.isdigit()}
+
+
+def question_overlap_scores(token_texts: list[str], question: set[str], surprisal: torch.Tensor) -> torch.Tensor:
+    """A training-free, query-aware peer (not from the paper; the coarse, question-aware step of LongLLMLingua's kind,
+    done lexically): sentences first by how many of the ``question``'s content words (``content_words``) they hold,
+    and within them, and among sentences that tie, tokens in ``salience_scores``' order. A sentence ends after a token
+    that ends in ".", "!" or "?" or holds a line break. Returns integer-valued scores (exact in float32 for documents
+    of up to 2**24 / (words of the question + 1) tokens): overlap * n + the token's rank by salience."""
+    n = len(token_texts)
+    ends = torch.tensor([text.rstrip()[-1:] in (".", "!", "?") or "\n" in text for text in token_texts])
+    sentence = torch.cumsum(ends.long(), 0) - ends.long()  # a sentence's last token is still its own
+    sentences: list[list[str]] = [[] for _ in range(int(sentence[-1]) + 1 if n else 0)]
+    for index, text in zip(sentence.tolist(), token_texts, strict=True):
+        sentences[index].append(text)
+    shared = torch.tensor([len(content_words("".join(texts)) & question) for texts in sentences], dtype=torch.long)
+    overlap = shared[sentence]
+    rank = torch.empty(n, dtype=torch.long)
+    rank[torch.argsort(salience_scores(token_texts, surprisal), stable=True)] = torch.arange(n)
+    return (overlap * n + rank).float()
 
 
 def position_scores(n: int, sinks: int = 0, recent: bool = True) -> torch.Tensor:

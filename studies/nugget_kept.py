@@ -8,7 +8,8 @@ which tokens it keeps in both layouts ``--model nugget`` offers (one scoring pas
 tokens in both): only the document compressed, the opening kept whole (``wrapper=kept``, the authors' layout and
 the default), and the opening compressed with the document (``wrapper=compressed``, the nugget study's): the
 paper's method as shipped (``selector=trained``: its scorer, the checkpoint for that ratio), the delimiter
-stand-in, the salience peer (names and numbers, then surprisal, whole words), truncation, StreamingLLM and query-aware
+stand-in, the salience peer (names and numbers, then surprisal, whole words), the question-overlap peer (the sentences
+sharing most words with the question first, salience within them), truncation, StreamingLLM and query-aware
 attention. A question's answer counts as kept when every
 document token overlapping its first reference answer is kept.
 
@@ -36,7 +37,7 @@ from pathlib import Path
 import common
 from common import doc_parser, kept_results, load_json, page, record_run, run_header, save_json
 
-SELECTORS = ("trained", "delimiter", "salience", "truncation", "streaming", "query-attention")
+SELECTORS = ("trained", "delimiter", "salience", "question-overlap", "truncation", "streaming", "query-attention")
 RATIOS = (5.0, 10.0)
 TASK = "squad_mini"
 STUDY_DATA = common.DATA / "nugget-study"

@@ -42,7 +42,16 @@ from kvpress_peers import PRESSES
 from decodebench.commands.runs import LmEvalRun, offline_env
 
 TASKS = {"squad_mini": ("normalized_accuracy", "accuracy"), "cnndm_mini": ("rougeLsum", "ROUGE-Lsum")}
-OURS = ("trained", "scorer only", "delimiter", "salience", "truncation", "streaming", "query-attention")
+OURS = (
+    "trained",
+    "scorer only",
+    "delimiter",
+    "salience",
+    "question-overlap",
+    "truncation",
+    "streaming",
+    "query-attention",
+)
 THROUGHPUT_TASK = "squad_mini"
 
 
@@ -396,6 +405,12 @@ def render(folder: Path) -> str:
         + (
             "`salience` (names and numbers, then surprisal, whole words: query-independent, ours), "
             if "salience" in names
+            else ""
+        )
+        + (
+            "`question-overlap` (the sentences sharing most words with the question first, salience within them: "
+            "query-aware, ours), "
+            if "question-overlap" in names
             else ""
         )
         + "`query-attention` (query-aware, SnapKV's kin), `truncation` and `streaming` (StreamingLLM, 4 sinks) are "

@@ -9,10 +9,12 @@ import torch
 
 from decodebench.kernels.nugget import (
     check_ratio,
+    content_words,
     delimiter_scores,
     gather_kv,
     nuggets_for,
     position_scores,
+    question_overlap_scores,
     salience_scores,
     select_topk,
     straight_through_bias,
@@ -70,6 +72,37 @@ def test_salience_keeps_whole_words_names_and_numbers_first_then_the_most_surpri
     assert ranked[5:8] == [[13, 14], [4], [8]] and float(scores[2]) == float(scores[3]) == 1e4 + 9.0
     kept = select_topk(scores[None], torch.tensor([len(texts)]), ratio=3)[0][0].tolist()
     assert kept == [2, 3, 5, 10, 14]  # Alder and 3 whole, where the budget ends a part of Monday, the last token
+
+
+def test_question_overlap_keeps_the_sentences_sharing_the_questions_words_first_then_by_salience():
+    assert content_words("When did the dam open in 1931? Answer:") == {"when", "open", "1931", "answer"}  # no "dam"
+    # sentences: The dam opened in 1931. | Floods came in May. | It rained.
+    texts = [
+        "The",
+        " dam",
+        " opened",
+        " in",
+        " 1931",
+        ".",
+        " Floods",
+        " came",
+        " in",
+        " May",
+        ".",
+        " It",
+        " rained",
+        ".",
+    ]
+    surprisal = torch.tensor([0.0, 3.0, 2.0, 0.1, 8.0, 0.2, 6.0, 1.0, 0.1, 4.0, 0.3, 0.5, 2.5, 0.1])
+    scores = question_overlap_scores(texts, content_words("Which month did the floods come?"), surprisal)
+    order = torch.argsort(scores, descending=True).tolist()
+    # the one sentence sharing a word ("floods") first, whole, in salience's order: names by surprisal, then the rest
+    assert order[:5] == [6, 9, 7, 10, 8]
+    # then the sentences sharing none, by salience alone: 1931, It, The, then dam, rained, opened by surprisal
+    assert order[5:11] == [4, 11, 0, 1, 12, 2]
+    assert scores.dtype == torch.float32 and bool((scores == scores.round()).all())  # integers: exact in float32
+    kept = select_topk(scores[None], torch.tensor([len(texts)]), ratio=2.5)[0][0].tolist()
+    assert kept == [6, 7, 8, 9, 10, 13]  # at ratio 2.5, 6 of 14: "Floods came in May." whole, and the last token
 
 
 def test_straight_through_bias_is_zero_forward_with_a_gradient():
@@ -134,7 +167,7 @@ class TestNuggetModel:
         reqs, reference = prompts
         assert self.nugget(selector="full").generate_until(reqs) == reference
 
-    @pytest.mark.parametrize("selector", ["delimiter", "salience", "streaming", "query-attention"])
+    @pytest.mark.parametrize("selector", ["delimiter", "salience", "question-overlap", "streaming", "query-attention"])
     def test_compression_keeps_about_one_in_ratio_of_the_document(self, prompts, selector):
         reqs, _ = prompts
         model = self.nugget(selector=selector, ratio=10)
@@ -148,7 +181,7 @@ class TestNuggetModel:
             assert s["nuggets"] == -(-s["document_tokens"] // 10)
             assert s["document_kv_bytes_kept"] * s["document_tokens"] == s["document_kv_bytes_full"] * s["nuggets"]
 
-    @pytest.mark.parametrize("selector", ["delimiter", "salience", "truncation", "query-attention"])
+    @pytest.mark.parametrize("selector", ["delimiter", "salience", "question-overlap", "truncation", "query-attention"])
     def test_only_the_document_is_compressed_the_templates_opening_kept_whole(self, prompts, selector):
         """As the authors run it, for every selector: the chat template's system turn and user header are kept as
         they are, the ratio applies to the document (from the context's first word to the blank line), the
@@ -170,7 +203,7 @@ class TestNuggetModel:
         plain = model.tok_encode(read_context(0) + "\n\nWhat is it about?")  # no template: nothing before it
         assert model.method.opening_length(model, plain, model.method.split_point(model, plain)) == 0
 
-    @pytest.mark.parametrize("selector", ["delimiter", "salience", "query-attention"])
+    @pytest.mark.parametrize("selector", ["delimiter", "salience", "question-overlap", "query-attention"])
     def test_a_batch_decodes_what_each_row_decodes_alone(self, prompts, selector):
         """Rows of different lengths (one left uncompressed) decoded together give batch 1's greedy answers and
         statistics; only the cache held at decode start counts the batch's padding."""

@@ -10,7 +10,16 @@ from decodebench.models.config import MethodConfig, at_least, option
 
 # The built-in selectors (models/nugget/selectors.py; "trained": the checkpoint shipped for the run's ratio); any
 # other value is a trained checkpoint file.
-SELECTOR_NAMES = ("trained", "delimiter", "salience", "query-attention", "streaming", "truncation", "full")
+SELECTOR_NAMES = (
+    "trained",
+    "delimiter",
+    "salience",
+    "question-overlap",
+    "query-attention",
+    "streaming",
+    "truncation",
+    "full",
+)
 RENAMED = {"attention": "query-attention"}
 
 
@@ -22,7 +31,8 @@ class NuggetConfig(MethodConfig):
         "trained (the paper's method: the compressor shipped for the embedded model at this ratio, 5 or 10), the "
         "path of a checkpoint from `decodebench train-nugget` (the paper's method, for any model), or a training-free "
         "selector: delimiter (training-free, query-independent stand-in), salience (training-free peer: names and "
-        "numbers, then surprisal, whole words), query-attention (query-aware peer, SnapKV's kin), streaming, "
+        "numbers, then surprisal, whole words), question-overlap (training-free query-aware peer: the sentences "
+        "sharing most words with the question first), query-attention (query-aware peer, SnapKV's kin), streaming, "
         "truncation, full",
     )
     adapters: bool = option(

@@ -12,6 +12,8 @@ A selector scores the document's ``n`` tokens; ``kernels.nugget.select_topk`` ke
   first, what the paper's section 7.1 finds its trained scorer picks; a stand-in, not the method;
 - ``SalienceSelector``: training-free and query-independent too, but after what questions ask for: whole words,
   names and numbers first, then the model's surprisal (a peer of ours, not the method);
+- ``QuestionOverlapSelector``: training-free and query-aware: the sentences that share most words with the question
+  first (the coarse, question-aware step of LongLLMLingua's kind, done lexically), salience within them (ours);
 - peers at the same ratio: ``QueryAttentionSelector`` (query-aware, SnapKV's kin: the attention
   the question pays to each document token), ``StreamingSelector`` (StreamingLLM: ``sinks`` first
   tokens plus the most recent), ``TruncationSelector`` (the most recent tokens) and
@@ -31,7 +33,13 @@ from typing import ClassVar
 
 import torch
 
-from decodebench.kernels.nugget import delimiter_scores, position_scores, salience_scores
+from decodebench.kernels.nugget import (
+    content_words,
+    delimiter_scores,
+    position_scores,
+    question_overlap_scores,
+    salience_scores,
+)
 from decodebench.models.nugget.config import NuggetConfig
 
 log = logging.getLogger(__name__)
@@ -120,7 +128,8 @@ class SalienceSelector(Selector):
     )
     CHUNK = 256  # positions whose vocabulary-sized logits are held at once
 
-    def scores(self, lm, document, tail):
+    def surprisal(self, lm, document) -> torch.Tensor:
+        """Each token's -log p [n] under the model given the tokens before it (0 for the first)."""
         model, ids = lm.model, document[0]
         hidden = model.get_decoder()(input_ids=document).last_hidden_state[0]  # [n, d]
         head = model.get_output_embeddings()
@@ -129,7 +138,33 @@ class SalienceSelector(Selector):
             stop = min(start + self.CHUNK, len(ids) - 1)
             log_probs = torch.log_softmax(head(hidden[start:stop]).float(), dim=-1)
             surprisal[start + 1 : stop + 1] = -log_probs.gather(1, ids[start + 1 : stop + 1, None])[:, 0].cpu()
-        return salience_scores([lm.tokenizer.decode([t]) for t in ids.tolist()], surprisal)
+        return surprisal
+
+    def scores(self, lm, document, tail):
+        return salience_scores([lm.tokenizer.decode([t]) for t in document[0].tolist()], self.surprisal(lm, document))
+
+
+class QuestionOverlapSelector(SalienceSelector):
+    name = "question-overlap"
+    label = (
+        "training-free query-aware peer (the sentences holding most of the question's words first, then names, "
+        "numbers and surprisal within them; not the paper's query-independent method)"
+    )
+
+    def setup(self, lm) -> None:
+        # the words the chat template adds after the user's text ("assistant") are not the question's
+        self.template_words: set[str] = set()
+        if getattr(lm.tokenizer, "chat_template", None):
+            marker = "\x00"
+            rendered = lm.tokenizer.apply_chat_template(
+                [{"role": "user", "content": marker}], tokenize=False, add_generation_prompt=True
+            )
+            self.template_words = content_words(rendered.split(marker)[-1])
+
+    def scores(self, lm, document, tail):
+        question = content_words(lm.tokenizer.decode(tail, skip_special_tokens=True)) - self.template_words
+        texts = [lm.tokenizer.decode([t]) for t in document[0].tolist()]
+        return question_overlap_scores(texts, question, self.surprisal(lm, document))
 
 
 class TrainedNugget(Selector):
@@ -236,6 +271,7 @@ SELECTORS = {
         TrainedNugget,
         DelimiterSelector,
         SalienceSelector,
+        QuestionOverlapSelector,
         QueryAttentionSelector,
         StreamingSelector,
         TruncationSelector,
