@@ -44,6 +44,7 @@ PAGES = {
     "docs/benchmarks/served-client.md": "served_client_bench",
     "docs/nugget-study.md": "nugget_study",
     "docs/nugget-study-kept.md": "nugget_study",
+    "docs/nugget-study-question.md": "nugget_study",
     "docs/nugget-kept.md": "nugget_kept",
 }
 # pages that measure nothing (design notes): they say so in their first lines
