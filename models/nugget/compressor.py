@@ -189,6 +189,19 @@ class NuggetAdapters:
             self.soft_token.copy_(tensors["soft_token"])
 
 
+def chat_template_parts(tokenizer) -> tuple[str, str] | None:
+    """What the tokenizer's chat template writes before and after a user turn's text (the generation prompt
+    included), or None without a template."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    marker = "\x00"
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": marker}], tokenize=False, add_generation_prompt=True
+    )
+    opening, closing = rendered.split(marker)
+    return opening, closing
+
+
 @dataclass
 class Nuggets:
     """The compressed documents: every layer's cache at the kept positions, and what was kept."""

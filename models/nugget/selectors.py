@@ -40,6 +40,7 @@ from decodebench.kernels.nugget import (
     question_overlap_scores,
     salience_scores,
 )
+from decodebench.models.nugget.compressor import chat_template_parts
 from decodebench.models.nugget.config import NuggetConfig
 
 log = logging.getLogger(__name__)
@@ -153,13 +154,8 @@ class QuestionOverlapSelector(SalienceSelector):
 
     def setup(self, lm) -> None:
         # the words the chat template adds after the user's text ("assistant") are not the question's
-        self.template_words: set[str] = set()
-        if getattr(lm.tokenizer, "chat_template", None):
-            marker = "\x00"
-            rendered = lm.tokenizer.apply_chat_template(
-                [{"role": "user", "content": marker}], tokenize=False, add_generation_prompt=True
-            )
-            self.template_words = content_words(rendered.split(marker)[-1])
+        parts = chat_template_parts(lm.tokenizer)
+        self.template_words: set[str] = content_words(parts[1]) if parts else set()
 
     def scores(self, lm, document, tail):
         question = content_words(lm.tokenizer.decode(tail, skip_special_tokens=True)) - self.template_words

@@ -68,6 +68,7 @@ from decodebench.models.nugget.checkpoint import model_identity, save_checkpoint
 from decodebench.models.nugget.compressor import (
     NuggetAdapters,
     NuggetScorer,
+    chat_template_parts,
     encode_nuggets,
     missing_modules,
     nugget_attention_mask,
@@ -169,13 +170,9 @@ class Framing:
     def __init__(self, tokenizer, settings: TrainingSettings):
         self.tokenize = lambda text: tokenizer(text, add_special_tokens=False).input_ids
         self.instructions = {True: self.tokenize(AUTOENCODE), False: self.tokenize(CONTINUE)}
-        template = getattr(tokenizer, "chat_template", None)
-        if settings.chat and template:
-            marker = "\x00"
-            rendered = tokenizer.apply_chat_template(
-                [{"role": "user", "content": marker}], tokenize=False, add_generation_prompt=True
-            )
-            opening, closing = rendered.split(marker)
+        parts = chat_template_parts(tokenizer)
+        if settings.chat and parts:
+            opening, closing = parts
             self.opening, self.separator, self.closing = map(self.tokenize, (opening, "\n\n", closing))
             self.end = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         else:
