@@ -13,7 +13,7 @@ transformers<5.3: ``tox -e kvpress``).
 For every row: the score with its 95% interval (Wilson for 0/1 accuracy, Student's t for ROUGE), the share of
 full context's score, the paired difference against full context on the same documents (McNemar's exact test
 for accuracy, the paired sign-flip test for ROUGE), the compression achieved, the document's KV bytes per row,
-time to first token (p50) and peak memory; then the trained method against every peer at each ratio, paired.
+time to first token (p50) and peak memory; then every compressor against every other at each ratio, paired.
 
 Throughput: full context and the trained method (ratio 10) at batch 1, 8 and 32 on the same squad_mini questions, in
 interleaved rounds (the order alternating each round); tokens/s, the ratio to full context at the same batch
@@ -498,37 +498,35 @@ def render(folder: Path) -> str:
 
 
 def against_peers(rows: list[Row], ratios) -> list[str]:
-    """The trained method against every other row of the same ratio, paired on the same documents."""
+    """Every compressed row against every other of the same ratio, each pair once, paired on the documents both ran
+    (the rows in the tables' order: the trained method first)."""
     from decodebench.metrics.kinds import is_binary_metric, metric_range
     from decodebench.stats import paired_comparison
 
-    lines = ["## The trained method against each peer", ""]
+    lines = ["## Each compressor against each peer", ""]
     for task, (metric, metric_label) in TASKS.items():
         kind = {"binary": is_binary_metric(metric), "bounds": metric_range(metric)}
         for ratio in ratios:
-            at = {row.name: row for row in rows if row.ratio == ratio and task in row.scores}
-            trained = at.get("trained")
-            if trained is None:
+            at = [row for row in rows if row.ratio == ratio and task in row.scores]
+            if len(at) < 2:
                 continue
-            lines.append(f"- {task} at ratio {ratio:g} ({metric_label}, trained minus peer, paired):")
-            for peer, row in at.items():
-                if peer == "trained":
-                    continue
-                shared = sorted(set(trained.scores[task]) & set(row.scores[task]))
-                paired = paired_comparison(
-                    [trained.scores[task][d] for d in shared], [row.scores[task][d] for d in shared], **kind
-                )
-                verdict = (
-                    "trained is ahead"
-                    if paired.p_value < 0.05 and paired.difference > 0
-                    else "trained is behind"
-                    if paired.p_value < 0.05
-                    else "no significant difference"
-                )
-                lines.append(
-                    f"  - vs {peer}: {paired.difference:+.3f} [{paired.interval.low:+.3f}, "
-                    f"{paired.interval.high:+.3f}], p = {paired.p_value:.3g} ({paired.test}, n = {paired.n}): {verdict}"
-                )
+            lines.append(f"- {task} at ratio {ratio:g} ({metric_label}, the first minus the second, paired):")
+            for number, first in enumerate(at):
+                for second in at[number + 1 :]:
+                    shared = sorted(set(first.scores[task]) & set(second.scores[task]))
+                    paired = paired_comparison(
+                        [first.scores[task][d] for d in shared], [second.scores[task][d] for d in shared], **kind
+                    )
+                    verdict = (
+                        "no significant difference"
+                        if paired.p_value >= 0.05
+                        else f"{first.name} is {'ahead' if paired.difference > 0 else 'behind'}"
+                    )
+                    lines.append(
+                        f"  - {first.name} vs {second.name}: {paired.difference:+.3f} [{paired.interval.low:+.3f}, "
+                        f"{paired.interval.high:+.3f}], p = {paired.p_value:.3g} ({paired.test}, n = {paired.n}): "
+                        f"{verdict}"
+                    )
     return [*lines, ""]
 
 
