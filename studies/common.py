@@ -46,6 +46,7 @@ PAGES = {
     "docs/nugget-study-kept.md": "nugget_study",
     "docs/nugget-study-question.md": "nugget_study",
     "docs/nugget-kept.md": "nugget_kept",
+    "docs/nugget-authors-recipe.md": "nugget_kept",
 }
 # pages that measure nothing (design notes): they say so in their first lines
 DESIGN_NOTES = ("docs/nugget-engines.md",)

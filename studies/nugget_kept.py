@@ -32,11 +32,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import common
 from common import doc_parser, kept_results, load_json, page, record_run, run_header, save_json
 
+# the kept token types listed per selector
+TOP_TYPES = 10
 SELECTORS = ("trained", "delimiter", "salience", "question-overlap", "truncation", "streaming", "query-attention")
 RATIOS = (5.0, 10.0)
 TASK = "squad_mini"
@@ -69,6 +72,7 @@ def collect(folder: Path, argv: list[str], args) -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     task, docs = common.task_docs(TASK, args.limit)
     records = [{"doc_id": i} for i in range(len(docs))]
+    kept_types: dict[str, Counter] = {}  # name@ratio -> the document tokens it keeps (wrapper=kept), by text
     for name, selector, ratio, kept_ratios in selector_runs(args.selectors, args.checkpoint):
         lm = get_model("nugget").create_from_arg_string(
             f"pretrained=embedded,selector={selector},ratio={ratio:g},device={device}"
@@ -102,11 +106,19 @@ def collect(folder: Path, argv: list[str], args) -> None:
                         scores.float()[None].cpu(), torch.tensor([n]), kept_ratio, kept_whole=torch.tensor([whole])
                     )
                     kept = set(indices[0].tolist())
-                    record.setdefault(f"wrapper={layout}", {})[f"{name}@{kept_ratio:g}"] = sum(
-                        i in kept for i in answer
-                    )
+                    key = f"{name}@{kept_ratio:g}"
+                    record.setdefault(f"wrapper={layout}", {})[key] = sum(i in kept for i in answer)
+                    if layout == "kept":
+                        kept_types.setdefault(key, Counter()).update(
+                            lm.tokenizer.decode([ids[i]]) for i in kept if i >= opening
+                        )
         del lm, method
     save_json(folder, "answers_kept.json", records)
+    save_json(
+        folder,
+        "kept_types.json",
+        {key: {"kept": sum(c.values()), "top": c.most_common(TOP_TYPES)} for key, c in sorted(kept_types.items())},
+    )
     record_run(folder, __file__, argv, started)
 
 
@@ -212,6 +224,34 @@ def accuracy_section(records: list[dict], full: dict[int, float], layout: str, s
     return lines
 
 
+def kept_types_section(folder: Path, records: list[dict]) -> list[str]:
+    """What each selector keeps of the documents (wrapper=kept): its most kept token types and their share of all it
+    keeps. A scorer that has learned the paper's delimiter pattern shows punctuation and function words here."""
+    if not (folder / "kept_types.json").is_file():  # data collected before this section existed
+        return []
+    types = load_json(folder, "kept_types.json")
+    lines = [
+        "",
+        "## What each selector keeps of the documents (wrapper=kept)",
+        "",
+        f"The document tokens each selector kept over the {len(records)} questions, and its {TOP_TYPES} most kept "
+        "token types (by text) with their share of everything it kept.",
+        "",
+        f"| selector | ratio | document tokens kept | share of the {TOP_TYPES} most kept types | the most kept types |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for ratio, name in page_rows(records):
+        found = types.get(f"{name}@{ratio:g}")
+        if found is None:
+            continue
+        top = sum(count for _, count in found["top"])
+        listed = ", ".join(
+            f"`{text!r}`".replace("|", "\\|") + f" {count / found['kept']:.2f}" for text, count in found["top"]
+        )
+        lines.append(f"| {name} | {ratio:g} | {found['kept']} | {top / found['kept']:.2f} | {listed} |")
+    return lines
+
+
 def render(folder: Path) -> str:
     records = load_json(folder, "answers_kept.json")
     full = study_scores("full", None)
@@ -266,6 +306,7 @@ def render(folder: Path) -> str:
             "With the opening kept whole, StreamingLLM's sinks (the sequence's first tokens) lie inside it, so it "
             "keeps exactly the document tokens truncation keeps, question by question.",
         ]
+    lines += kept_types_section(folder, records)
     for layout, (study_page, data) in STUDIES.items():
         if data.is_dir():
             lines += accuracy_section(records, full, layout, study_page, data)

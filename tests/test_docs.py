@@ -127,3 +127,9 @@ def test_nugget_kept_gates_a_checkpoint_beside_the_built_in_selectors(tmp_path):
     for layout in ("wrapper=kept", "wrapper=compressed"):
         assert [r[layout][f"{path.stem}@5"] for r in records] == [r[layout]["trained@5"] for r in records]
     assert f"| {path.stem} | 5 |" in doc.read_text()
+    # the kept token types: the same scorer keeps the same tokens; truncation keeps more at ratio 5 than at 10
+    types = json.loads((common.data_dir(doc) / "kept_types.json").read_text())
+    assert types[f"{path.stem}@5"] == types["trained@5"] and types["trained@5"]["kept"] > 0
+    assert types["truncation@5"]["kept"] > types["truncation@10"]["kept"]
+    section = doc.read_text().split("## What each selector keeps of the documents")[1].split("\n## ")[0]
+    assert f"| {path.stem} | 5 | {types['trained@5']['kept']} |" in section
