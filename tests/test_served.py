@@ -109,12 +109,13 @@ class Server:
 
 def speculative_args(checkpoint) -> tuple[str, ...]:
     """A server drafting with the target's first 10 layers (a draft model: q reaches the verifier), as
-    ``--model mtad --model_args backend=vllm,draft=self:10`` configures its engine, in bfloat16."""
+    ``--model mtad --model_args backend=vllm,draft=self:10`` configures its engine, in float32 (the CPU build's
+    default, bfloat16, is emulated on a CPU without bfloat16 instructions: several times slower per step)."""
     from decodebench.models.mtad.config import MTADConfig
     from decodebench.models.mtad.vllm_engine import speculative_config
 
     config = speculative_config(MTADConfig(draft="self:10"), str(checkpoint))
-    args = ("--speculative-config", json.dumps(config), "--dtype", "bfloat16")
+    args = ("--speculative-config", json.dumps(config), *FLOAT32)
     return (*args, "--per-request-spec-decode-metrics", "summary")  # each request's acceptance on its last chunk
 
 

@@ -14,15 +14,16 @@ if importlib.util.find_spec("vllm") is None and not os.environ.get("DECODEBENCH_
     pytest.skip("vLLM is not installed (run `tox -e vllm`)", allow_module_level=True)
 
 # Small engine footprint: several engines may share this machine's memory; eager mode skips
-# the ~45 s torch.compile warm-up, which these tests do not measure.
-ENGINE_ARGS = "gpu_memory_utilization=0.3,max_model_len=1024,enforce_eager=True"
+# the ~45 s torch.compile warm-up, which these tests do not measure; float32, as the shared engines (conftest): the CPU
+# build's default, bfloat16, is emulated on a CPU without bfloat16 instructions (5 s a request here).
+ENGINE_ARGS = "gpu_memory_utilization=0.3,max_model_len=1024,enforce_eager=True,dtype=float32"
 
 
 def test_lm_evals_own_vllm_model_still_works_on_the_cpu_build(embedded_checkpoint, tmp_path):
     out = tmp_path / "out"
     lm_eval_with_vllm_engine(
         *("--model", "vllm", "--model_args", f"pretrained={embedded_checkpoint},{ENGINE_ARGS}"),
-        *("--tasks", "squad_mini", "--limit", "2", "--output_path", str(out)),
+        *("--tasks", "squad_mini", "--limit", "2", "--gen_kwargs", "max_gen_toks=16", "--output_path", str(out)),
         cwd=tmp_path,
     )
     assert "decodebench" not in read_results(out)["config"]
