@@ -246,7 +246,9 @@ def kept_types_section(folder: Path, records: list[dict]) -> list[str]:
             continue
         top = sum(count for _, count in found["top"])
         listed = ", ".join(
-            f"`{text!r}`".replace("|", "\\|") + f" {count / found['kept']:.2f}" for text, count in found["top"]
+            # double backticks: a kept backtick stays inside its code span
+            f"`` {text!r} ``".replace("|", "\\|") + f" {count / found['kept']:.2f}"
+            for text, count in found["top"]
         )
         lines.append(f"| {name} | {ratio:g} | {found['kept']} | {top / found['kept']:.2f} | {listed} |")
     return lines
