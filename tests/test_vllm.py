@@ -15,7 +15,7 @@ if importlib.util.find_spec("vllm") is None and not os.environ.get("DECODEBENCH_
 
 # Small engine footprint: several engines may share this machine's memory; eager mode skips
 # the ~45 s torch.compile warm-up, which these tests do not measure; float32, as the shared engines (conftest): the CPU
-# build's default, bfloat16, is emulated on a CPU without bfloat16 instructions (5 s a request here).
+# build's default, bfloat16, is emulated on a CPU without bfloat16 instructions (several times slower).
 ENGINE_ARGS = "gpu_memory_utilization=0.3,max_model_len=1024,enforce_eager=True,dtype=float32"
 
 

@@ -66,6 +66,12 @@ class Selector:
         """One score per token of ``document`` [1, n] (higher is kept first)."""
         raise NotImplementedError
 
+    @staticmethod
+    def token_texts(lm, document: torch.Tensor) -> list[str]:
+        """Each token's text of ``document`` [1, n], as the text-reading kernels take it (words, names, sentence
+        ends, delimiters)."""
+        return [lm.tokenizer.decode([t]) for t in document[0].tolist()]
+
 
 class FullContext(Selector):
     name = "full"
@@ -78,7 +84,7 @@ class DelimiterSelector(Selector):
     label = "training-free, query-independent stand-in for the paper's scorer (delimiters first; not the method)"
 
     def scores(self, lm, document, tail):
-        return delimiter_scores([lm.tokenizer.decode([t]) for t in document[0].tolist()])
+        return delimiter_scores(self.token_texts(lm, document))
 
 
 class StreamingSelector(Selector):
@@ -142,7 +148,7 @@ class SalienceSelector(Selector):
         return surprisal
 
     def scores(self, lm, document, tail):
-        return salience_scores([lm.tokenizer.decode([t]) for t in document[0].tolist()], self.surprisal(lm, document))
+        return salience_scores(self.token_texts(lm, document), self.surprisal(lm, document))
 
 
 class QuestionOverlapSelector(SalienceSelector):
@@ -159,8 +165,7 @@ class QuestionOverlapSelector(SalienceSelector):
 
     def scores(self, lm, document, tail):
         question = content_words(lm.tokenizer.decode(tail, skip_special_tokens=True)) - self.template_words
-        texts = [lm.tokenizer.decode([t]) for t in document[0].tolist()]
-        return question_overlap_scores(texts, question, self.surprisal(lm, document))
+        return question_overlap_scores(self.token_texts(lm, document), question, self.surprisal(lm, document))
 
 
 class TrainedNugget(Selector):
