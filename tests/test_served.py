@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -340,6 +341,39 @@ def test_decodebench_serve_reads_model_lengths_as_vllm_does(embedded_checkpoint,
     for value, length in (("4k", 4000), ("1K", 1024), ("auto", None), ("-1", None), ("1024", 1024)):
         command = serve.vllm_command(str(embedded_checkpoint), "127.0.0.1", 8000, ["--max-model-len", value])
         assert command[-2:] == ["--kv-cache-memory-bytes", "1"] and asked[-1] == length, value
+
+
+def test_decodebench_serve_sizes_the_kv_cache_as_vllm_and_transformers_would_without_importing_them(
+    embedded_checkpoint, tmp_path
+):
+    """decodebench serve only starts vllm serve: it reads the platform by vLLM's rule and a local config.json as
+    transformers reads it, and imports neither (any vLLM module imports torch: seconds of CPU at every start)."""
+    from transformers import AutoConfig, GPT2Config
+    from vllm.platforms import current_platform
+
+    from decodebench.commands import serve
+    from decodebench.models.backends import vllm_kv_cache
+
+    assert serve._on_cpu() == current_platform.is_cpu()
+    config = AutoConfig.from_pretrained(embedded_checkpoint)
+    read = vllm_kv_cache._text_config(str(embedded_checkpoint))
+    assert {field: read[field] for field in vllm_kv_cache.SIZING_FIELDS} == {
+        field: getattr(config, field) for field in vllm_kv_cache.SIZING_FIELDS
+    }
+    # a config whose fields transformers renames (GPT-2: n_head, n_layer, n_positions) is read through transformers
+    GPT2Config(n_head=4, n_layer=2, n_embd=64, n_positions=256).save_pretrained(tmp_path / "gpt2")
+    gpt2 = vllm_kv_cache._text_config(str(tmp_path / "gpt2"))
+    assert (gpt2["num_attention_heads"], gpt2["num_hidden_layers"], gpt2["max_position_embeddings"]) == (4, 2, 256)
+    probe = (
+        "import sys; from decodebench.commands import serve; "
+        "print(serve.vllm_command(sys.argv[1], '127.0.0.1', 8000, ['--max-model-len', '1024'])[-2:]); "
+        "print(sorted({name.split('.')[0] for name in sys.modules} & {'torch', 'transformers', 'vllm'}))"
+    )
+    proc = run_command([sys.executable, "-c", probe, str(embedded_checkpoint)], cwd=tmp_path)
+    assert proc.returncode == 0, explain(proc)
+    sized, imported = proc.stdout.strip().splitlines()[-2:]
+    assert sized.startswith("['--kv-cache-memory-bytes', '") == current_platform.is_cpu(), sized
+    assert imported == "[]"
 
 
 def _ignore_sigint() -> None:

