@@ -134,6 +134,21 @@ def test_a_continuous_paired_interval_agrees_with_its_test():
         assert excludes_zero == (found.p_value < 0.05), (n, found)
 
 
+def test_with_many_differences_exactly_zero_the_interval_still_agrees_with_its_test():
+    """Two selectors that give the same summary on most documents (docs/nugget-study-question-r10.md, cnndm_mini:
+    16 of 20 ROUGE differences exactly 0): p(0) = 2/16, and the bisection stopped a hair below 0, an interval that
+    looked as if it excluded 0."""
+    found = paired_comparison([-0.0556, -0.0557, -0.1151, -0.0501] + [0.0] * 16, [0.0] * 20, binary=False)
+    assert found.p_value == pytest.approx(0.125, abs=0.01) and found.interval.low < 0 <= found.interval.high
+    rng = np.random.default_rng(4)
+    for _ in range(40):
+        n = int(rng.integers(6, 30))
+        diffs = rng.normal(rng.normal(0, 0.5), 1, n) * (rng.random(n) < rng.uniform(0.1, 0.6))
+        found = paired_comparison(list(diffs), [0.0] * n, binary=False)
+        excludes_zero = found.interval.low > 0 or found.interval.high < 0
+        assert excludes_zero == (found.p_value < 0.05), (n, found)
+
+
 def test_a_0_1_interval_excludes_zero_exactly_when_p_is_below_005():
     rng = np.random.default_rng(3)
     for _ in range(1000):
