@@ -156,15 +156,18 @@ def run_header(folder: Path, title: str, tox_env: str) -> list[str]:
 
     run = load_json(folder, RUN_FILE)
     minutes = f", {run['seconds'] / 60:.0f} min" if run.get("seconds", 0) >= 60 else ""
-    script = run["command"].split()[1]
+    words = shlex.split(run["command"])
     where = Path(folder).resolve()
     where = where.relative_to(REPO) if where.is_relative_to(REPO) else where
+    render = f"python {words[1]} --from {where}"
+    if "--doc" in words[:-1]:  # a page other than the script's own: without it, --from writes the script's own page
+        page = where.parent.parent / f"{where.name}.md" if where.parent.name == "data" else None  # data_dir's inverse
+        render += f" --doc {page or words[words.index('--doc') + 1]}"
     return [
         f"# {title}",
         "",
         f"Written by `{run['command']}` (`tox -e {tox_env}`) on {run['date']}{minutes}, machine: "
-        f"{short_name(run['machine'])}. Its data: `{where}/`; `python {script} --from {where}` renders this page "
-        "again from it.",
+        f"{short_name(run['machine'])}. Its data: `{where}/`; `{render}` renders this page again from it.",
         "",
     ]
 
