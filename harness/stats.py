@@ -245,14 +245,14 @@ def sign_flip_comparison(diffs: Sequence[float], seed: int = SEED) -> PairedComp
             inside, outside = (middle, outside) if p_value(middle) >= alpha else (inside, middle)
         return inside
 
-    interval = Interval(bound(-1), bound(+1))
-    if p_value(0.0) >= alpha:
+    interval, p_zero = Interval(bound(-1), bound(+1)), p_value(0.0)
+    if p_zero >= alpha:
         # 0 is not rejected, so it is in the set of shifts the interval stands for: the bisection stops within its
         # resolution of a bound that is 0 itself (ties: many differences exactly 0, one side's p-value jumps at 0)
         interval = Interval(min(interval.low, 0.0), max(interval.high, 0.0))
     resolution = None if exact else 1 / (len(signs) + 1)
     test = "sign-flip-exact" if exact else "sign-flip-random"
-    return PairedComparison(mean, interval, min(1.0, p_value(0.0)), test, n, resolution)
+    return PairedComparison(mean, interval, min(1.0, p_zero), test, n, resolution)
 
 
 def percentiles(values: Sequence[float], qs: Sequence[float] = (50, 90, 99)) -> dict[str, float]:

@@ -14,8 +14,8 @@ if importlib.util.find_spec("vllm") is None and not os.environ.get("DECODEBENCH_
     pytest.skip("vLLM is not installed (run `tox -e vllm`)", allow_module_level=True)
 
 # Small engine footprint: several engines may share this machine's memory, and the CPU build zeroes its whole KV cache
-# as it starts (256 MiB: 5 sequences of 1024 tokens of the embedded model; gpu_memory_utilization=0.3 reserved 7 GiB
-# here, and the test took 48-69 s of CPU against 25-28 s in alternated runs); eager mode skips
+# as it starts (256 MiB: 5 sequences of 1024 tokens of the embedded model; gpu_memory_utilization=0.3 reserved 30% of
+# the node's memory, 7 GiB here); eager mode skips
 # the ~45 s torch.compile warm-up, which these tests do not measure; float32, as the shared engines (conftest): the CPU
 # build's default, bfloat16, is emulated on a CPU without bfloat16 instructions (several times slower).
 ENGINE_ARGS = "kv_cache_memory_bytes=268435456,max_model_len=1024,enforce_eager=True,dtype=float32"

@@ -94,8 +94,8 @@ def _decode(text: str) -> dict:
 
 def _fingerprint(root: Path) -> str:
     """lm-eval's version and every YAML file's path, size and modification time under ``root``: task files
-    (``.yaml``) and the templates they include (``_*_yaml``). Walked with ``os.scandir`` (every run computes it:
-    a third of the time of ``Path.glob`` over lm-eval's 14,000 files)."""
+    (``.yaml``) and the templates they include (``_*_yaml``). Walked with ``os.scandir``, which hands each entry's
+    type over with the listing (every run computes it over lm-eval's 14,000 files; ``Path.glob`` took longer)."""
     rows, folders = [], [os.fspath(root)]
     while folders:
         with os.scandir(folders.pop()) as entries:
