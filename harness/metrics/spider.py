@@ -38,11 +38,13 @@ raises ``SpiderError``: that is a broken task, not a wrong answer.
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 import threading
 import time
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
 # Operations a query may perform; everything else (writes, ATTACH, PRAGMA, ...) is denied.
@@ -224,27 +226,72 @@ def _open(db_path: str | Path) -> sqlite3.Connection:
     return conn
 
 
+class Watchdog:
+    """One thread that interrupts each watched connection at its deadline: it also stops work between steps that
+    runs no opcodes, where the progress handler is not called. (A timer thread per query cost more than most
+    Spider queries: starting a thread waits until the scheduler has run it, milliseconds on a busy machine.)"""
+
+    def __init__(self):
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)  # a forked child has the state but not the thread
+
+    def _reset(self) -> None:
+        self._changed = threading.Condition()
+        self._deadlines: dict[int, tuple[float, sqlite3.Connection]] = {}
+        self._thread: threading.Thread | None = None
+        self._wakes_at = float("inf")  # when the thread looks next, unless woken
+        self._next_key = 0
+
+    @contextmanager
+    def watching(self, conn: sqlite3.Connection, deadline: float):
+        with self._changed:
+            key = self._next_key = self._next_key + 1
+            self._deadlines[key] = (deadline, conn)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._interrupt_at_deadlines, name="spider-query-deadlines")
+                self._thread.daemon = True
+                self._thread.start()
+            if deadline < self._wakes_at:
+                self._changed.notify()
+        try:
+            yield
+        finally:
+            with self._changed:  # no interrupt reaches this connection's next statement
+                self._deadlines.pop(key, None)
+
+    def _interrupt_at_deadlines(self) -> None:
+        with self._changed:
+            while True:
+                now = time.monotonic()
+                for key, (deadline, conn) in list(self._deadlines.items()):
+                    if deadline <= now:
+                        conn.interrupt()
+                        del self._deadlines[key]
+                self._wakes_at = min((deadline for deadline, _ in self._deadlines.values()), default=float("inf"))
+                self._changed.wait(None if self._wakes_at == float("inf") else self._wakes_at - now)
+
+
+_WATCHDOG = Watchdog()
+
+
 def run_query(conn: sqlite3.Connection, sql: str, timeout_s: float) -> list[tuple]:
     """Rows of one read-only statement, or QueryRefused (timeout, error, not allowed, too large)."""
     deadline = time.monotonic() + timeout_s
     conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
-    watchdog = threading.Timer(timeout_s, conn.interrupt)  # also stops work between steps that runs no opcodes
-    watchdog.daemon = True
-    watchdog.start()
     rows, size = [], 0
     try:
-        cursor = conn.execute(sql)
-        while batch := cursor.fetchmany(1000):
-            rows += batch
-            size += sum(_value_bytes(v) for row in batch for v in row)
-            if len(rows) > MAX_ROWS or size > MAX_RESULT_BYTES:
-                raise QueryRefused(f"more than {MAX_ROWS} rows or {MAX_RESULT_BYTES} bytes")
+        with _WATCHDOG.watching(conn, deadline):
+            cursor = conn.execute(sql)
+            while batch := cursor.fetchmany(1000):
+                rows += batch
+                size += sum(_value_bytes(v) for row in batch for v in row)
+                if len(rows) > MAX_ROWS or size > MAX_RESULT_BYTES:
+                    raise QueryRefused(f"more than {MAX_ROWS} rows or {MAX_RESULT_BYTES} bytes")
     except sqlite3.Error as exc:
         raise QueryRefused("timed out" if time.monotonic() > deadline else str(exc)) from exc
     except (ValueError, OverflowError, MemoryError) as exc:  # several statements, values Python cannot hold
         raise QueryRefused(str(exc)) from exc
     finally:
-        watchdog.cancel()
         conn.set_progress_handler(None, 0)
     return rows
 
