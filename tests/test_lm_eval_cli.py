@@ -122,11 +122,12 @@ def test_unknown_model_argument_fails_clearly_and_writes_no_results(tmp_path):
     assert results_files(out) == []
 
 
-def test_main_job_runs_lm_eval_and_says_where_results_are(embedded_checkpoint, tmp_path):
+def test_main_job_runs_lm_eval_and_says_where_results_are(tiny_checkpoint, tmp_path):
     out = tmp_path / "results"
-    # CI runs the whole main job through README line 1; here the baseline and the compared method on one task
+    # CI runs the whole main job on the embedded model through README line 1; here the baseline and the compared
+    # method on one task, on the tiny model (its six runs' decoding is not what this test checks)
     command = ["demo", "--out", str(out), "--limit", "1", "--methods", "baseline,mtad", "--tasks", "squad_mini"]
-    command += ["--compared-limit", "1"]
+    command += ["--compared-limit", "1", "--pretrained", str(tiny_checkpoint)]
     proc = decodebench_in_process(*command, cwd=tmp_path)
     assert proc.returncode == 0, explain(proc)
     (results,) = results_files(out / "baseline")
@@ -150,7 +151,15 @@ def test_main_job_runs_lm_eval_and_says_where_results_are(embedded_checkpoint, t
     assert "Its generations are the baseline's on 1 of 1 documents" in proc.stdout
     compared = json.loads((out / "interleaved" / "compare.json").read_text())["squad_mini"]
     assert len(compared["round_speed_ratios"]) == 2 and compared["speed_ratio_documents"] == 1
-    assert max(len(line) for line in proc.stdout.splitlines()) <= 160
+    # as wide as the main job's on the embedded model, whose results lm-eval files under "embedded"
+    assert max(len(line.replace(results.parent.name, "embedded")) for line in proc.stdout.splitlines()) <= 160
+
+
+def test_a_main_job_on_a_checkpoint_folder_that_is_not_there_stops_before_any_run(tmp_path):
+    missing = tmp_path / "no-such-checkpoint"
+    proc = decodebench_in_process("demo", "--out", str(tmp_path / "out"), "--pretrained", str(missing), cwd=tmp_path)
+    assert proc.returncode == 2 and f"--pretrained {missing}: no such checkpoint folder" in proc.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_chat_model_run_without_its_template_is_warned_about_before_generation(baseline_run):

@@ -79,8 +79,8 @@ def positive_int(text: str) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    """Runs the real `lm_eval` command for each method on the bundled mini tasks with the embedded model, writes
-    results under --out and prints where they are."""
+    """Runs the real `lm_eval` command for each method on the bundled mini tasks with the embedded model (or
+    --pretrained), writes results under --out and prints where they are."""
     from decodebench.commands.demo import run_demo
 
     return run_demo(
@@ -89,6 +89,7 @@ def _demo(args: argparse.Namespace) -> int:
         methods=args.methods,
         tasks=args.tasks,
         compared_limit=args.compared_limit,
+        pretrained=args.pretrained,
     )
 
 
@@ -333,6 +334,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated methods to run (default: all that `decodebench methods` lists)",
     )
     demo.add_argument("--tasks", default=None, help="comma-separated tasks (default: the mini tasks)")
+    demo.add_argument(
+        "--pretrained",
+        default="embedded",
+        help="the model every run loads: a checkpoint folder or a Hugging Face id (default: embedded, the bundled "
+        "SmolLM2-135M-Instruct; the nugget compressor it ships is for that model only)",
+    )
     demo.add_argument(
         "--compared-limit",
         type=positive_int,

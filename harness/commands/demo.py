@@ -1,9 +1,9 @@
 """The main job (README line 1): every method through the real ``lm_eval`` command, offline.
 
-Each run is one ``lm_eval`` process (decodebench.commands.runs) on the embedded model and the bundled mini tasks,
-written to ``OUT/<run>/`` with lm-eval's own output in ``OUT/<run>/lm_eval.log`` (the terminal shows one progress
-bar per run); afterwards a short table of quality, tokens/s and J/token is printed with the path of every results
-file, and the leaderboard of the runs is written to ``OUT/leaderboard/``.
+Each run is one ``lm_eval`` process (decodebench.commands.runs) on the embedded model (or ``--pretrained``) and the
+bundled mini tasks, written to ``OUT/<run>/`` with lm-eval's own output in ``OUT/<run>/lm_eval.log`` (the terminal
+shows one progress bar per run); afterwards a short table of quality, tokens/s and J/token is printed with the path
+of every results file, and the leaderboard of the runs is written to ``OUT/leaderboard/``.
 
 Runs taken one after another on a shared machine differ in speed by more than most methods change it, so the
 table gives no speed ratio. The one comparison it teaches is interleaved: once every method has run, the compared
@@ -67,6 +67,7 @@ def in_running_order(runs: list[Run], compared: Run | None) -> list[Run]:
 
 
 BASELINE = "baseline"  # what every comparison is made against
+EMBEDDED = "embedded"  # `pretrained=embedded`: the bundled SmolLM2-135M-Instruct
 MINI_TASKS = ["decodebench_mini"]
 WIDTH = 120  # the notes under the table; the last screen fits 160 columns
 # With the CLI's defaults, every method on every mini task and the interleaved comparison in about five minutes on
@@ -79,10 +80,10 @@ COMPARED_LIMIT = 10
 ROUNDS = (("baseline", "method"), ("method", "baseline"))  # the interleaved comparison's sides, round by round
 
 
-def lm_eval_run(run: Run, tasks: list[str], out: Path, limit: int | None) -> LmEvalRun:
+def lm_eval_run(run: Run, tasks: list[str], out: Path, limit: int | None, pretrained: str = EMBEDDED) -> LmEvalRun:
     return LmEvalRun(
         model=run.model,
-        model_args={"pretrained": "embedded", **run.model_args},
+        model_args={"pretrained": pretrained, **run.model_args},
         tasks=tasks,
         output_path=out / run.name,
         batch_size=run.batch_size,
@@ -97,6 +98,7 @@ def run_demo(
     methods: str | None = None,
     tasks: str | None = None,
     compared_limit: int = COMPARED_LIMIT,
+    pretrained: str = EMBEDDED,
 ) -> int:
     from decodebench.data.embedded import EmbeddedModelError, ensure_embedded_model
 
@@ -110,18 +112,24 @@ def run_demo(
             print(f"error: unknown run(s) {unknown}; known: {[run.name for run in runs]}", file=sys.stderr)
             return 2
         runs = [run for run in runs if run.name in wanted]
+    if pretrained != EMBEDDED and looks_like_a_path(pretrained) and not Path(pretrained).is_dir():
+        print(f"error: --pretrained {pretrained}: no such checkpoint folder (or a Hugging Face id)", file=sys.stderr)
+        return 2
 
     # Ctrl-C reports the runs that finished even where SIGINT came in ignored (started by a script without job
     # control); its lm_eval runs then get the default back too
     signal.signal(signal.SIGINT, signal.default_int_handler)
     started = time.time()
     start_fork_server()  # the runs' imports and task index, while the embedded model is checked (or built)
-    try:
-        checkpoint = ensure_embedded_model(log=lambda msg: print(msg, flush=True))
-    except EmbeddedModelError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"embedded model: {checkpoint}", flush=True)
+    if pretrained == EMBEDDED:
+        try:
+            checkpoint = ensure_embedded_model(log=lambda msg: print(msg, flush=True))
+        except EmbeddedModelError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"embedded model: {checkpoint}", flush=True)
+    else:
+        print(f"model: {pretrained}", flush=True)
 
     compared = compared_run(runs)
     runs = in_running_order(runs, compared)
@@ -132,13 +140,13 @@ def run_demo(
     try:
         print(f"lm_eval's own output goes to {out}/<run>/lm_eval.log; each log starts with its command", flush=True)
         for number, run in enumerate(runs, 1):
-            invocation = lm_eval_run(run, task_list, out, limit)
+            invocation = lm_eval_run(run, task_list, out, limit, pretrained)
             produced[run.name] = invocation.run_logged(out / run.name / "lm_eval.log", f"[{number}/{total}] {run.name}")
             if produced[run.name] is None:
                 print(f"[{number}/{total}] {run.name} FAILED", flush=True)
         if compared and produced.get(BASELINE) and produced.get(compared.name):
             base = next(run for run in runs if run.name == BASELINE)
-            rounds = run_interleaved_rounds(compared, base, produced, out, compared_limit, len(runs), total)
+            rounds = run_interleaved_rounds(compared, base, produced, out, compared_limit, len(runs), total, pretrained)
     except KeyboardInterrupt:  # Ctrl-C: lm_eval got it too; keep what finished
         interrupted = True
         produced = {name: path for name, path in produced.items() if path is not None}
@@ -162,6 +170,11 @@ def run_demo(
     return 0 if all(produced.values()) and (not compared or len(rounds) == len(ROUNDS)) else 1
 
 
+def looks_like_a_path(pretrained: str) -> bool:
+    """A local folder rather than a hub id ("owner/name" has one slash and no leading dot, tilde or slash)."""
+    return pretrained.startswith((".", "~", "/")) or pretrained.count("/") > 1 or Path(pretrained).exists()
+
+
 def run_interleaved_rounds(
     compared: Run,
     base: Run,
@@ -170,6 +183,7 @@ def run_interleaved_rounds(
     limit: int,
     done: int,
     total: int,
+    pretrained: str = EMBEDDED,
 ) -> list[dict[str, Path]]:
     """The interleaved comparison's rounds (ROUNDS: the baseline first, then the compared method first) on the
     compared task (the first task the compared run ran when the main job does not run it), ``limit`` documents each;
@@ -188,7 +202,8 @@ def run_interleaved_rounds(
             done += 1
             folder = out / "interleaved" / f"round-{round_number}" / run.name
             label = f"[{done}/{total}] {run.name}, round {round_number} on {task}"
-            results = lm_eval_run(run, [task], folder.parent, limit).run_logged(folder / "lm_eval.log", label)
+            invocation = lm_eval_run(run, [task], folder.parent, limit, pretrained)
+            results = invocation.run_logged(folder / "lm_eval.log", label)
             if results is None:
                 print(f"{label} FAILED", flush=True)
                 return finished
