@@ -119,12 +119,21 @@ def fetch(requirements: list[str], into: Path) -> dict[str, Path]:
             else:
                 sources.append(str(path))
         if sources:
-            _pip("wheel", "-q", "--no-deps", "-w", str(into), *sources)
+            build_wheels(sources, into)
     fetched = _wheels_by_name(set(into.iterdir()) - before)
     if len(fetched) != len(requirements):
         left = sorted(wheel.name for wheel in fetched.values())
         raise RuntimeError(f"{requirements}: expected a wheel each, pip left {left}")
     return fetched
+
+
+def build_wheels(sources: list[str], into: Path) -> None:
+    """Wheels of these source trees or distributions in ``into``: with this environment's build backends where it
+    has them (an isolated build environment costs a pip install of its backend, seconds each), else isolated."""
+    try:
+        _pip("wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(into), *sources)
+    except RuntimeError:
+        _pip("wheel", "-q", "--no-deps", "-w", str(into), *sources)
 
 
 def _pip(*args: str) -> None:
@@ -156,14 +165,17 @@ def runs_on_target(wheel: Path) -> bool:
     return bool(parse_wheel_filename(wheel.name)[3] & supported)
 
 
-def collect_wheels(into: Path, log=print) -> list[Path]:
-    """decodebench's wheel and every wheel its requirements need beyond the image, the embedded model's last; the
-    requirement tree is fetched a level at a time."""
+def collect_wheels(into: Path, log=print, own: Path | None = None) -> list[Path]:
+    """decodebench's wheel (``own``, else built here from this checkout) and every wheel its requirements need
+    beyond the image, the embedded model's last; the requirement tree is fetched a level at a time."""
     from packaging.requirements import Requirement
 
     into.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(into), str(REPO)], check=True)
-    own = next(into.glob("decodebench-*.whl"))
+    if own is None:
+        build_wheels([str(REPO)], into)
+        own = next(into.glob("decodebench-*.whl"))
+    else:
+        own = Path(shutil.copy2(own, into))
     wheels, seen = [own], {"decodebench"}
     level, model = [(own, EXTRAS)], None
     while level:
@@ -251,13 +263,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--out", default="wheelhouse", help="where the parts go (default wheelhouse/)")
     parser.add_argument("--part-mib", type=float, default=60, help="the most one part holds, in MiB (default 60)")
+    parser.add_argument("--wheel", type=Path, help="decodebench's wheel, built already (default: built here)")
     args = parser.parse_args(argv)
+    if args.wheel and not (args.wheel.is_file() and args.wheel.name.startswith("decodebench-")):
+        parser.error(f"--wheel {args.wheel}: not a decodebench-*.whl file")
     part_bytes = int(args.part_mib * MIB)
     if part_bytes <= 2 * HEADROOM:
         parser.error(f"--part-mib {args.part_mib}: too small to hold anything")
     with tempfile.TemporaryDirectory() as scratch:
         print("collecting the wheels the image lacks (CPython 3.12, Linux x86-64):")
-        wheels = collect_wheels(Path(scratch))
+        wheels = collect_wheels(Path(scratch), own=args.wheel)
         if missing := unmet(wheels):
             raise SystemExit("requirements neither the image nor the wheelhouse meets: " + "; ".join(missing))
         parts = pack(wheels, Path(args.out), part_bytes)

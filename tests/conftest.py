@@ -15,6 +15,20 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
+@pytest.fixture(scope="session", autouse=True)
+def environment_described_once():
+    """lm-eval writes torch's description of the environment into every results file (``get_pretty_env_info``:
+    ``pip list`` and other subprocesses, ~0.5 s a run). Within this test process it cannot change, so the lm_eval
+    runs made in this process describe it once; each forked or started run still describes its own."""
+    import functools
+
+    from torch.utils import collect_env
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(collect_env, "get_pretty_env_info", functools.cache(collect_env.get_pretty_env_info))
+        yield
+
+
 def offline_env(**extra: str) -> dict[str, str]:
     return {
         **os.environ,
@@ -177,6 +191,18 @@ def embedded_checkpoint() -> Path:
     from decodebench.data.embedded import ensure_embedded_model
 
     return ensure_embedded_model()
+
+
+@pytest.fixture(scope="session")
+def decodebench_wheel(tmp_path_factory) -> Path:
+    """decodebench's wheel built from this checkout once a session, as the GPU wheelhouse builds it."""
+    sys.path.insert(0, str(REPO / "studies"))
+    from gpu_wheelhouse import build_wheels
+
+    into = tmp_path_factory.mktemp("wheel")
+    build_wheels([str(REPO)], into)
+    (wheel,) = into.glob("decodebench-*.whl")
+    return wheel
 
 
 @pytest.fixture(scope="session")

@@ -51,11 +51,10 @@ def test_an_unknown_method_is_named_before_anything_runs(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def wheelhouse(tmp_path_factory):
+def wheelhouse(tmp_path_factory, decodebench_wheel):
     out = tmp_path_factory.mktemp("wheelhouse") / "house"
-    proc = subprocess.run(
-        [sys.executable, str(STUDIES / "gpu_wheelhouse.py"), "--out", str(out)], capture_output=True, text=True
-    )
+    command = [sys.executable, str(STUDIES / "gpu_wheelhouse.py"), "--out", str(out), "--wheel", str(decodebench_wheel)]
+    proc = subprocess.run(command, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
 
