@@ -111,7 +111,8 @@ def fetch(requirements: list[str], into: Path) -> dict[str, Path]:
     platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
     target = ["--python-version", "3.12", "--implementation", "cp", "--abi", "cp312", "--abi", "abi3", "--abi", "none"]
     with tempfile.TemporaryDirectory() as scratch:
-        _pip("download", "-q", "--no-deps", "--prefer-binary", "-d", scratch, *target, *platforms, *requirements)
+        download = ("-q", "--no-deps", "--prefer-binary", "-d", scratch, *target, *platforms, *requirements)
+        _pip_with_this_environments_backends("download", *download)  # pip builds a source distribution's metadata
         sources = []
         for path in Path(scratch).iterdir():
             if path.name.endswith(".whl"):
@@ -128,12 +129,17 @@ def fetch(requirements: list[str], into: Path) -> dict[str, Path]:
 
 
 def build_wheels(sources: list[str], into: Path) -> None:
-    """Wheels of these source trees or distributions in ``into``: with this environment's build backends where it
-    has them (an isolated build environment costs a pip install of its backend, seconds each), else isolated."""
+    """Wheels of these source trees or distributions in ``into``."""
+    _pip_with_this_environments_backends("wheel", "-q", "--no-deps", "-w", str(into), *sources)
+
+
+def _pip_with_this_environments_backends(command: str, *args: str) -> None:
+    """``pip COMMAND ARGS`` building source distributions with this environment's build backends where it has them
+    (an isolated build environment costs a pip install of its backend, seconds each), else in isolated ones."""
     try:
-        _pip("wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(into), *sources)
+        _pip(command, "--no-build-isolation", *args)
     except RuntimeError:
-        _pip("wheel", "-q", "--no-deps", "-w", str(into), *sources)
+        _pip(command, *args)
 
 
 def _pip(*args: str) -> None:
