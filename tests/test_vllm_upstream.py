@@ -4,7 +4,11 @@ vLLM's source distribution on PyPI ships its test suite. The test run fetches it
 (checked against its sha256), and runs, in a process started as a vLLM process starts (tests/vllm_boot.py), the
 rejection sampler's tests (every rule of vLLM's standard speculative sampling, which the plugin's wrapper must leave
 as it is) and the logits-processor loader tests (which isolate themselves from installed entry points: the real
-entry points are loaded by tests/test_vllm_processor.py)."""
+entry points are loaded by tests/test_vllm_processor.py). One is left out: the rejection sampler's statistical test
+(tens of thousands of draws at several sizes, 21 s of the suite's 32 here), whose property with the plugin loaded,
+standard requests still follow the target distribution, tests/test_mtad_vllm.py checks on the same patched sampler
+in one case (a draft token from q, 20,000 draws: total variation from p under 0.02);
+the file's exact tests still check that the plugin leaves vLLM's rule as it is, token for token."""
 
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ TESTS = (
     "tests/v1/logits_processors/test_loader.py",
     "tests/v1/worker/test_logits_processor_loader.py",
 )
+LEFT_OUT = ("tests/v1/sample/test_rejection_sampler.py::test_rejection_sampling_approximates_target_distribution",)
 SUPPORT = (
     "tests/__init__.py",
     "tests/v1/__init__.py",
@@ -81,11 +86,12 @@ def vllm_test_suite() -> Path:
 def test_vllms_own_sampler_and_loader_tests_pass_with_decodebenchs_plugins_loaded(tmp_path):
     suite = vllm_test_suite()
     proc = run_command(
-        [sys.executable, "-m", "pytest", "-p", "vllm_boot", "--noconftest", "-p", "no:cacheprovider", *TESTS],
+        [sys.executable, "-m", "pytest", "-p", "vllm_boot", "--noconftest", "-p", "no:cacheprovider", *TESTS]
+        + [f"--deselect={test}" for test in LEFT_OUT],
         cwd=suite,
         PYTHONPATH=os.pathsep.join([str(REPO / "tests"), str(suite)]),
     )
     assert proc.returncode == 0, explain(proc)
     assert "decodebench plugins: verification rules active, CPU fix True" in proc.stdout, proc.stdout[:2000]
     passed = int(re.search(r"(\d+) passed", proc.stdout).group(1))
-    assert passed >= 90 and " failed" not in proc.stdout, proc.stdout[-2000:]
+    assert passed >= 89 and " failed" not in proc.stdout and "1 deselected" in proc.stdout, proc.stdout[-2000:]
