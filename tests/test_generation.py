@@ -129,6 +129,11 @@ def test_weights_that_are_not_finite_or_cannot_be_read_are_refused_at_load(tiny_
     save_file(tensors, str(nan / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ValueError, match=rf"1 weight tensor\(s\) hold NaN or infinite values \({name}\)"):
         Baseline.create({"pretrained": str(nan), "device": "cpu"})
+    lowest = next(k for k in tensors if k.endswith("mlp.down_proj.weight"))
+    tensors[lowest][1, 2] = -float("inf")  # the other end of a tensor's range
+    save_file(tensors, str(nan / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"2 weight tensor\(s\) hold NaN or infinite values"):
+        Baseline.create({"pretrained": str(nan), "device": "cpu"})
     header = tmp_path / "header"
     shutil.copytree(tiny_checkpoint, header)
     weights = header / "model.safetensors"
