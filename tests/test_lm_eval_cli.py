@@ -122,7 +122,10 @@ def test_unknown_model_argument_fails_clearly_and_writes_no_results(tmp_path):
     assert results_files(out) == []
 
 
-def test_main_job_runs_lm_eval_and_says_where_results_are(tiny_checkpoint, tmp_path):
+def test_main_job_runs_lm_eval_and_says_where_results_are(tiny_checkpoint, tmp_path, monkeypatch):
+    from decodebench.commands import runs
+
+    monkeypatch.setattr(runs, "described_environment", lambda: "described by the process that started the runs")
     out = tmp_path / "results"
     # CI runs the whole main job on the embedded model through README line 1; here the baseline and the compared
     # method on one task, on the tiny model (its six runs' decoding is not what this test checks)
@@ -132,6 +135,8 @@ def test_main_job_runs_lm_eval_and_says_where_results_are(tiny_checkpoint, tmp_p
     assert proc.returncode == 0, explain(proc)
     (results,) = results_files(out / "baseline")
     assert str(results) in proc.stdout
+    # the machine and packages described once, by the process that forked the runs (collect_env's pip list a run)
+    assert json.loads(results.read_text())["pretty_env_info"] == "described by the process that started the runs"
     assert "| squad_mini: normalized_accuracy | baseline |" in proc.stdout
     assert "x baseline" not in proc.stdout  # no speed ratio between runs taken one after another
     assert (out / "leaderboard" / "leaderboard.html").is_file()

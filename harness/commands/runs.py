@@ -15,6 +15,7 @@ so, each run starts a fresh Python instead).
 from __future__ import annotations
 
 import contextlib
+import functools
 import multiprocessing
 import os
 import sys
@@ -77,6 +78,8 @@ def lm_eval_process(
     if changed:
         raise ValueError(f"a forked lm_eval run keeps this interpreter's start-up settings; env changes {changed}")
     start_fork_server()
+    # the description made here where torch is imported already (importing it for this costs more than it saves)
+    describe_here = "torch" in sys.modules and env.get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
     context = multiprocessing.get_context("forkserver")
     process = context.Process(
         target=_lm_eval_main,
@@ -86,6 +89,7 @@ def lm_eval_process(
             env,
             _Descriptor(_fileno(sys.stdout, 1) if stdout is None else stdout),
             _Descriptor(_fileno(sys.stderr, 2) if stderr is None else stderr),
+            described_environment() if describe_here else None,
         ),
         name="lm_eval",
     )
@@ -154,8 +158,22 @@ def _fileno(stream, default: int) -> int:
         return default
 
 
-def _lm_eval_main(argv: list[str], cwd: str, env: dict[str, str], stdout: int, stderr: int) -> None:
-    """The forked run: the console script's ``lm_eval`` with this argv, environment and working directory."""
+@functools.cache
+def described_environment() -> str:
+    """torch's description of the machine and its packages, which lm-eval writes into every results file
+    (``get_pretty_env_info``: ``pip list`` and other subprocesses, ~0.6 s a run on 2 cores), made once by the process
+    that starts the runs: they share its machine, packages and devices. Not by the fork server: on a GPU machine the
+    description initializes CUDA, which a process forked from it could not use again."""
+    from torch.utils.collect_env import get_pretty_env_info
+
+    return get_pretty_env_info()
+
+
+def _lm_eval_main(
+    argv: list[str], cwd: str, env: dict[str, str], stdout: int, stderr: int, environment: str | None = None
+) -> None:
+    """The forked run: the console script's ``lm_eval`` with this argv, environment and working directory (and
+    ``environment``, the starting process's ``described_environment``, where the run sees the same devices)."""
     import atexit
 
     for fd, standard in ((stdout, 1), (stderr, 2)):
@@ -168,6 +186,10 @@ def _lm_eval_main(argv: list[str], cwd: str, env: dict[str, str], stdout: int, s
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda._is_in_bad_fork():  # CUDA was initialized before the fork: a fresh Python
         os.execve(sys.executable, [sys.executable, "-m", "lm_eval", *argv], env)
+    if environment is not None:
+        from torch.utils import collect_env
+
+        collect_env.get_pretty_env_info = lambda: environment
     from lm_eval.__main__ import cli_evaluate
 
     try:
