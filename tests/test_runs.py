@@ -62,3 +62,11 @@ def test_a_run_forked_after_cuda_was_initialized_starts_a_fresh_python(tmp_path)
     proc = run_command([sys.executable, "-c", AFTER_CUDA], cwd=tmp_path)
     assert proc.returncode == 0, explain(proc)
     assert "usage: lm-eval" in proc.stdout and "ran in the forked process" not in proc.stdout, explain(proc)
+
+
+def test_a_forked_call_returns_its_value_and_raises_its_exception_here():
+    from decodebench.commands.runs import forked_call
+
+    assert forked_call(int, "42") == 42
+    with pytest.raises(ValueError, match="invalid literal for int"):
+        forked_call(int, "forty-two")

@@ -41,7 +41,8 @@ TESTS = (
     "tests/v1/logits_processors/test_loader.py",
     "tests/v1/worker/test_logits_processor_loader.py",
 )
-LEFT_OUT = ("tests/v1/sample/test_rejection_sampler.py::test_rejection_sampling_approximates_target_distribution",)
+# by name: the ids pytest gives these files depend on the folder it takes for the root (the cache may lie in a checkout)
+LEFT_OUT = "not test_rejection_sampling_approximates_target_distribution"
 SUPPORT = (
     "tests/__init__.py",
     "tests/v1/__init__.py",
@@ -86,8 +87,19 @@ def vllm_test_suite() -> Path:
 def test_vllms_own_sampler_and_loader_tests_pass_with_decodebenchs_plugins_loaded(tmp_path):
     suite = vllm_test_suite()
     proc = run_command(
-        [sys.executable, "-m", "pytest", "-p", "vllm_boot", "--noconftest", "-p", "no:cacheprovider", *TESTS]
-        + [f"--deselect={test}" for test in LEFT_OUT],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "vllm_boot",
+            "--noconftest",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            LEFT_OUT,
+            *TESTS,
+        ],
         cwd=suite,
         PYTHONPATH=os.pathsep.join([str(REPO / "tests"), str(suite)]),
     )

@@ -22,8 +22,12 @@ import sys
 import threading
 import time
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 # What every lm_eval run imports before it reads a task, imported once by the fork server, and last lm-eval's task
 # index, built once. Not vLLM: importing it costs runs that do not use it, and the fork server must stay free of
@@ -78,8 +82,7 @@ def lm_eval_process(
     if changed:
         raise ValueError(f"a forked lm_eval run keeps this interpreter's start-up settings; env changes {changed}")
     start_fork_server()
-    # the description made here where torch is imported already (importing it for this costs more than it saves)
-    describe_here = "torch" in sys.modules and env.get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
+    same_devices = env.get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
     context = multiprocessing.get_context("forkserver")
     process = context.Process(
         target=_lm_eval_main,
@@ -89,7 +92,7 @@ def lm_eval_process(
             env,
             _Descriptor(_fileno(sys.stdout, 1) if stdout is None else stdout),
             _Descriptor(_fileno(sys.stderr, 2) if stderr is None else stderr),
-            described_environment() if describe_here else None,
+            described_environment() if same_devices else None,
         ),
         name="lm_eval",
     )
@@ -158,12 +161,48 @@ def _fileno(stream, default: int) -> int:
         return default
 
 
+def forked_call(function: Callable[..., T], *args) -> T:
+    """``function(*args)`` in a process forked from the fork server, which has torch and lm-eval imported (this
+    process need not import them): its value, or its exception raised here. ``function``, ``args`` and the value are
+    pickled."""
+    start_fork_server()
+    context = multiprocessing.get_context("forkserver")
+    receiving, sending = context.Pipe(duplex=False)
+    process = context.Process(target=_call_and_send, args=(sending, function, args), name=function.__name__)
+    with _main_module_left_out():
+        process.start()
+    sending.close()
+    with _killed_on_error(process):
+        try:
+            succeeded, value = receiving.recv()
+        except EOFError:
+            process.join()
+            raise RuntimeError(f"{function.__name__} ended without a result (exit code {process.exitcode})") from None
+        process.join()
+    if not succeeded:
+        raise value
+    return value
+
+
+def _call_and_send(sending, function, args) -> None:
+    try:
+        outcome = (True, function(*args))
+    except Exception as exc:
+        outcome = (False, exc)
+    sending.send(outcome)
+    sending.close()
+
+
 @functools.cache
 def described_environment() -> str:
     """torch's description of the machine and its packages, which lm-eval writes into every results file
-    (``get_pretty_env_info``: ``pip list`` and other subprocesses, ~0.6 s a run on 2 cores), made once by the process
-    that starts the runs: they share its machine, packages and devices. Not by the fork server: on a GPU machine the
-    description initializes CUDA, which a process forked from it could not use again."""
+    (``get_pretty_env_info``: ``pip list`` and other subprocesses, ~0.6 s a run on 2 cores), made once for all the
+    runs this process starts: they share its machine, packages and devices. In a forked process, not in the fork
+    server: on a GPU machine the description initializes CUDA, which a process forked from it could not use."""
+    return forked_call(_pretty_env_info)
+
+
+def _pretty_env_info() -> str:
     from torch.utils.collect_env import get_pretty_env_info
 
     return get_pretty_env_info()
