@@ -193,7 +193,7 @@ def test_ctrl_c_in_the_main_job_reports_the_runs_that_finished(embedded_checkpoi
         start_new_session=True,  # its own process group, as a terminal's Ctrl-C reaches it
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # as a script's `cmd &` starts it
     )
-    # lz's progress bar gets its total once lm-eval starts generating: lz's run is then decoding its 24 tokens
+    # lz's progress bar gets its total once lm-eval starts generating: lz's run is then decoding its 16 tokens
     # (seconds, more on a loaded machine) and the interrupt lands inside it, not after it
     stderr_lines = Lines(proc.stderr)
     generating = stderr_lines.wait_for("[2/2] lz:   0%")
