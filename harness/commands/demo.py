@@ -72,8 +72,9 @@ MINI_TASKS = ["decodebench_mini"]
 WIDTH = 120  # the notes under the table; the last screen fits 160 columns
 # With the CLI's defaults, every method on every mini task and the interleaved comparison in under five minutes on
 # two CPU cores, installs included (README): the embedded model decodes ~10-15 tokens/s there at batch 1, and 9 of
-# the comparison's 10 squad_mini answers ran to the limit at 24 tokens (2026-11-28): 16 saves ~0.6 s a document, ~35
-# s a job. Answers are cut short: a tour, not the benchmark (`lm_eval` without --gen_kwargs uses each task's limit).
+# the comparison's 10 squad_mini answers ran to the limit at 24 tokens (2026-11-28), so each token less shortens
+# nearly every document. Answers are cut short: a tour, not the benchmark (`lm_eval` without --gen_kwargs uses each
+# task's limit).
 MAX_GEN_TOKS = 16
 DEFAULT_LIMIT = 1
 # decodebench.stats.APPROXIMATE_BELOW, the fewest documents at which a speed interval is shown (not imported: the

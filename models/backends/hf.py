@@ -80,8 +80,8 @@ def check_finite_weights(model: torch.nn.Module, name: str) -> None:
     """NaN or infinite weights make every generation garbage (often empty) while the run looks normal: refused.
 
     A tensor is finite exactly when its minimum and maximum are (NaN propagates through both, an infinity is one of
-    them): one reduction a tensor and one host read in all, ~10x faster than ``isfinite(...).all()`` on the embedded
-    model's 272 tensors (0.04 s against 0.4 s on 2 cores), which every run on a model pays."""
+    them): one reduction a tensor and one host read in all, where ``isfinite(...).all()`` builds a mask of every
+    weight; every run on a model pays this check."""
     named = [(key, p.detach()) for key, p in model.named_parameters() if p.is_floating_point() and p.numel()]
     if not named:
         return
