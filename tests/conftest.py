@@ -193,16 +193,43 @@ def embedded_checkpoint() -> Path:
     return ensure_embedded_model()
 
 
-@pytest.fixture(scope="session")
-def decodebench_wheel(tmp_path_factory) -> Path:
-    """decodebench's wheel built from this checkout once a session, as the GPU wheelhouse builds it."""
-    sys.path.insert(0, str(REPO / "studies"))
-    from gpu_wheelhouse import build_wheels
+# -- commands started beside the tests --------------------------------------------------------------------------
+# The suite runs one test at a time, so its time is the sum of its tests'. A command a test needs that depends on
+# nothing the tests do (pip building the GPU wheelhouse: ~20 s of one core) starts as soon as the tests are collected
+# and runs beside the tests before it; the test waits for its end.
+BACKGROUND: dict[str, tuple[subprocess.Popen, Path]] = {}
 
-    into = tmp_path_factory.mktemp("wheel")
-    build_wheels([str(REPO)], into)
-    (wheel,) = into.glob("decodebench-*.whl")
-    return wheel
+
+def start_in_background(name: str, command: list[str], folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{name}.log", "w") as log:
+        BACKGROUND[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), folder / f"{name}.log"
+
+
+def wait_for_background(name: str, timeout: float = 900) -> Path:
+    """The command's exit (a failure fails the test with its output); its folder, which holds ``NAME.log``."""
+    process, log = BACKGROUND[name]
+    try:
+        code = process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail(f"{name} ran past {timeout} s:\n" + log.read_text()[-3000:])
+    assert code == 0, f"{name} exited with {code}:\n" + log.read_text()[-3000:]
+    return log.parent
+
+
+def pytest_collection_finish(session):
+    if any("wheelhouse" in getattr(item, "fixturenames", ()) for item in session.items):
+        folder = Path(session.config._tmp_path_factory.mktemp("wheelhouse"))  # pytest's own, kept as tmp_path's
+        command = [sys.executable, str(REPO / "studies" / "gpu_wheelhouse.py"), "--out", str(folder / "house")]
+        start_in_background("wheelhouse", command, folder)
+
+
+def pytest_sessionfinish(session):
+    for process, _ in BACKGROUND.values():
+        if process.poll() is None:  # a session stopped early (-x, Ctrl-C)
+            process.kill()
+            process.wait()
 
 
 @pytest.fixture(scope="session")
