@@ -194,39 +194,90 @@ def embedded_checkpoint() -> Path:
 
 
 # -- commands started beside the tests --------------------------------------------------------------------------
-# The suite runs one test at a time, so its time is the sum of its tests'. A command a test needs that depends on
-# nothing the tests do (pip building the GPU wheelhouse: ~20 s of one core) starts as soon as the tests are collected
-# and runs beside the tests before it; the test waits for its end.
-BACKGROUND: dict[str, tuple[subprocess.Popen, Path]] = {}
+# Each test environment runs one test at a time, so its time is the sum of its tests'. A command a test needs that
+# depends on nothing the tests do (pip building the GPU wheelhouse, ~20 s of one core; vLLM's own tests, ~30 s) starts
+# once the tests are collected, in a thread beside the tests before it, and the test waits for its end.
 
 
-def start_in_background(name: str, command: list[str], folder: Path) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f"{name}.log", "w") as log:
-        BACKGROUND[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), folder / f"{name}.log"
+def _wheelhouse_command(folder: Path) -> tuple[list[str], Path, dict[str, str]]:
+    """The README's GPU recipe, decodebench's wheel built from this checkout as a user runs it."""
+    return [sys.executable, str(REPO / "studies" / "gpu_wheelhouse.py"), "--out", str(folder / "house")], folder, {}
 
 
-def wait_for_background(name: str, timeout: float = 900) -> Path:
-    """The command's exit (a failure fails the test with its output); its folder, which holds ``NAME.log``."""
-    process, log = BACKGROUND[name]
-    try:
-        code = process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        pytest.fail(f"{name} ran past {timeout} s:\n" + log.read_text()[-3000:])
-    assert code == 0, f"{name} exited with {code}:\n" + log.read_text()[-3000:]
-    return log.parent
+def _vllm_own_tests_command(folder: Path) -> tuple[list[str], Path, dict[str, str]]:
+    from vllm_suite import own_tests_command  # fetches vLLM's test suite once
+
+    return own_tests_command()
+
+
+# fixture name -> (the command, its working folder and environment, given a folder of its own; the fixtures whose
+# use by a collected test starts it)
+BACKGROUND_JOBS = {
+    "wheelhouse": (_wheelhouse_command, {"wheelhouse", "decodebench_wheel"}),
+    "vllm_own_tests": (_vllm_own_tests_command, {"vllm_own_tests"}),
+}
+_STARTED: dict[str, tuple[object, Path]] = {}  # name -> (its future, its log)
+_PROCESSES: list[subprocess.Popen] = []
+_SESSION_OVER = []  # set when the session ends: a job still preparing starts nothing
+
+
+def _run_job(make_command, folder: Path, log: Path) -> int:
+    command, cwd, env = make_command(folder)
+    if _SESSION_OVER:
+        return -1
+    with open(log, "w") as output:
+        process = subprocess.Popen(command, cwd=cwd, env=offline_env(**env), stdout=output, stderr=subprocess.STDOUT)
+        _PROCESSES.append(process)
+        return process.wait()
 
 
 def pytest_collection_finish(session):
-    if any("wheelhouse" in getattr(item, "fixturenames", ()) for item in session.items):
-        folder = Path(session.config._tmp_path_factory.mktemp("wheelhouse"))  # pytest's own, kept as tmp_path's
-        command = [sys.executable, str(REPO / "studies" / "gpu_wheelhouse.py"), "--out", str(folder / "house")]
-        start_in_background("wheelhouse", command, folder)
+    import concurrent.futures
+
+    if session.config.option.collectonly:
+        return
+    used = {name for item in session.items for name in getattr(item, "fixturenames", ())}
+    jobs = {name: make for name, (make, users) in BACKGROUND_JOBS.items() if used & users}
+    if jobs:
+        pool = concurrent.futures.ThreadPoolExecutor(len(jobs), thread_name_prefix="background")
+        for name, make in jobs.items():
+            folder = Path(session.config._tmp_path_factory.mktemp(name))  # pytest's own, kept as tmp_path's are
+            _STARTED[name] = pool.submit(_run_job, make, folder, folder / f"{name}.log"), folder / f"{name}.log"
+        pool.shutdown(wait=False)
+
+
+def wait_for_background(name: str, timeout: float = 900) -> tuple[Path, str]:
+    """The job's end (a failure to start or a non-zero exit fails the test, with its output): its folder and
+    output."""
+    future, log = _STARTED[name]
+    code = future.result(timeout=timeout)
+    output = log.read_text()
+    assert code == 0, f"{name} exited with {code}:\n" + output[-3000:]
+    return log.parent, output
+
+
+@pytest.fixture(scope="session")
+def wheelhouse() -> Path:
+    """The README's GPU recipe, `python studies/gpu_wheelhouse.py --out DIR`, run beside the tests: DIR."""
+    return wait_for_background("wheelhouse")[0] / "house"
+
+
+@pytest.fixture(scope="session")
+def decodebench_wheel(wheelhouse) -> Path:
+    """decodebench's wheel, built from this checkout by the wheelhouse's recipe."""
+    (wheel,) = wheelhouse.glob("part-*/decodebench-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="session")
+def vllm_own_tests() -> str:
+    """The output of vLLM's own tests (tests/vllm_suite.py), run beside the tests."""
+    return wait_for_background("vllm_own_tests")[1]
 
 
 def pytest_sessionfinish(session):
-    for process, _ in BACKGROUND.values():
+    _SESSION_OVER.append(True)
+    for process in _PROCESSES:
         if process.poll() is None:  # a session stopped early (-x, Ctrl-C)
             process.kill()
             process.wait()

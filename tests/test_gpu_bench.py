@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, explain, main_in_process, wait_for_background
+from conftest import REPO, explain, main_in_process
 
 STUDIES = REPO / "studies"
 
@@ -48,13 +48,6 @@ def test_the_gpu_commands_dry_run_runs_through_lm_eval_and_writes_its_page(tmp_p
 def test_an_unknown_method_is_named_before_anything_runs(tmp_path):
     proc = gpu_bench("--methods", "lzz", cwd=tmp_path)
     assert proc.returncode != 0 and "--methods: unknown ['lzz']" in proc.stderr
-
-
-@pytest.fixture(scope="module")
-def wheelhouse():
-    """The README's recipe, `python studies/gpu_wheelhouse.py --out DIR` (decodebench's wheel built from this
-    checkout), started by conftest as soon as the tests were collected: DIR."""
-    return wait_for_background("wheelhouse") / "house"
 
 
 @pytest.mark.slow

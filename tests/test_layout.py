@@ -207,9 +207,9 @@ def test_the_cycle_check_sees_a_lazy_import_back(tmp_path):
 
 SOURCE_FOLDERS = ("harness", "models", "kernels", "reports", "tasks", "studies", "tests")
 # a path of ours, not the tail of another package's (lm_eval/models/...); vLLM's own test files, which
-# tests/test_vllm_upstream.py copies out of its source distribution, are theirs
+# tests/vllm_suite.py copies out of its source distribution, are theirs
 CITED_FILE = re.compile(r"(?<![\w/])((?:" + "|".join(SOURCE_FOLDERS) + r")/[\w/.-]+\.py)\b")
-VLLM_TESTS = REPO / "tests" / "test_vllm_upstream.py"
+VLLM_TESTS = REPO / "tests" / "vllm_suite.py"
 
 
 def test_every_source_file_the_code_and_readme_cite_exists():
