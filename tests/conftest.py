@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -218,16 +219,19 @@ BACKGROUND_JOBS = {
 }
 _STARTED: dict[str, tuple[object, Path]] = {}  # name -> (its future, its log)
 _PROCESSES: list[subprocess.Popen] = []
-_SESSION_OVER = []  # set when the session ends: a job still preparing starts nothing
+_SESSION_OVER = threading.Event()  # set when the session ends: a job still preparing starts nothing
+_STARTING = threading.Lock()  # a job starts its process, or the session's end stops them all, not both at once
 
 
-def _run_job(make_command, folder: Path, log: Path) -> int:
-    command, cwd, env = make_command(folder)
-    if _SESSION_OVER:
-        return -1
+def _run_job(make_command, log: Path) -> int:
+    command, cwd, env = make_command(log.parent)
     with open(log, "w") as output:
-        process = subprocess.Popen(command, cwd=cwd, env=offline_env(**env), stdout=output, stderr=subprocess.STDOUT)
-        _PROCESSES.append(process)
+        with _STARTING:
+            if _SESSION_OVER.is_set():
+                return -1
+            env = offline_env(**env)
+            process = subprocess.Popen(command, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT)
+            _PROCESSES.append(process)
         return process.wait()
 
 
@@ -241,8 +245,8 @@ def pytest_collection_finish(session):
     if jobs:
         pool = concurrent.futures.ThreadPoolExecutor(len(jobs), thread_name_prefix="background")
         for name, make in jobs.items():
-            folder = Path(session.config._tmp_path_factory.mktemp(name))  # pytest's own, kept as tmp_path's are
-            _STARTED[name] = pool.submit(_run_job, make, folder, folder / f"{name}.log"), folder / f"{name}.log"
+            log = Path(session.config._tmp_path_factory.mktemp(name)) / f"{name}.log"  # pytest's own, as tmp_path's
+            _STARTED[name] = pool.submit(_run_job, make, log), log
         pool.shutdown(wait=False)
 
 
@@ -276,7 +280,8 @@ def vllm_own_tests() -> str:
 
 
 def pytest_sessionfinish(session):
-    _SESSION_OVER.append(True)
+    with _STARTING:
+        _SESSION_OVER.set()
     for process in _PROCESSES:
         if process.poll() is None:  # a session stopped early (-x, Ctrl-C)
             process.kill()
