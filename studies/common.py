@@ -46,6 +46,7 @@ PAGES = {
     "docs/nugget-study-kept.md": "nugget_study",
     "docs/nugget-study-question.md": "nugget_study",
     "docs/nugget-study-question-r10.md": "nugget_study",
+    "docs/nugget-study-peers.md": "nugget_study",
     "docs/nugget-kept.md": "nugget_kept",
     "docs/nugget-authors-recipe.md": "nugget_kept",
 }
