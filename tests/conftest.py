@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import shutil
@@ -217,7 +218,7 @@ BACKGROUND_JOBS = {
     "wheelhouse": (_wheelhouse_command, {"wheelhouse", "decodebench_wheel"}),
     "vllm_own_tests": (_vllm_own_tests_command, {"vllm_own_tests"}),
 }
-_STARTED: dict[str, tuple[object, Path]] = {}  # name -> (its future, its log)
+_STARTED: dict[str, tuple[concurrent.futures.Future, Path]] = {}  # name -> (its future, its log)
 _PROCESSES: list[subprocess.Popen] = []
 _SESSION_OVER = threading.Event()  # set when the session ends: a job still preparing starts nothing
 _STARTING = threading.Lock()  # a job starts its process, or the session's end stops them all, not both at once
@@ -236,8 +237,6 @@ def _run_job(make_command, log: Path) -> int:
 
 
 def pytest_collection_finish(session):
-    import concurrent.futures
-
     if session.config.option.collectonly:
         return
     used = {name for item in session.items for name in getattr(item, "fixturenames", ())}
