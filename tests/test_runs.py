@@ -70,3 +70,20 @@ def test_a_forked_call_returns_its_value_and_raises_its_exception_here():
     assert forked_call(int, "42") == 42
     with pytest.raises(ValueError, match="invalid literal for int"):
         forked_call(int, "forty-two")
+
+
+def _what_a_run_starts_with(modules: list[str]) -> tuple[int, list[str]]:
+    import gc
+
+    return gc.get_freeze_count(), [module for module in modules if module not in sys.modules]
+
+
+def test_a_run_starts_with_its_imports_made_and_the_servers_objects_frozen():
+    """What the fork server prepares for each run (studies/fork_server_bench.py measures what it saves): the imports
+    every run makes, already made, and the server's objects (torch's, transformers', lm-eval's: hundreds of thousands)
+    out of the garbage collector's sight, so that a run's collections walk only what the run made."""
+    from decodebench.commands.runs import RUN_IMPORTS, forked_call
+
+    frozen, not_imported = forked_call(_what_a_run_starts_with, RUN_IMPORTS)
+    assert not_imported == []
+    assert frozen > 100_000, frozen
