@@ -236,7 +236,6 @@ def _run_job(make_command, log: Path) -> int:
         return process.wait()
 
 
-_FROZEN = pytest.StashKey[bool]()
 # vLLM's modules the vllm tests import in this process (lm-eval's vllm model and the in-process engines)
 VLLM_IMPORTS = ("vllm.entrypoints.llm",)
 
@@ -245,7 +244,7 @@ def freeze_what_the_session_imports(session) -> None:
     """Import what this session's tests import in this process anyway (what every lm_eval run imports, and vLLM where
     its tests run), then move every object alive to the garbage collector's permanent generation (``gc.freeze``):
     the million objects of torch's, transformers', lm-eval's and vLLM's modules, which each full collection walked
-    (about 0.5 s each, 16% of test_mtad_vllm.py's time) and which live as long as the session anyway."""
+    and which live as long as the session anyway."""
     import gc
     import importlib
     import importlib.util
@@ -259,7 +258,6 @@ def freeze_what_the_session_imports(session) -> None:
         importlib.import_module(module)
     gc.collect()
     gc.freeze()
-    session.config.stash[_FROZEN] = True
 
 
 @pytest.hookimpl(trylast=True)
@@ -269,7 +267,7 @@ def pytest_runtest_teardown(item, nextitem):
     alive is frozen again (collected first, so no garbage is kept)."""
     import gc
 
-    if gc.get_freeze_count() == 0 and item.session.config.stash.get(_FROZEN, False):
+    if gc.get_freeze_count() == 0:
         gc.collect()
         gc.freeze()
 
