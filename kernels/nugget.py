@@ -11,7 +11,8 @@ keys are cached after the rotary embedding, each nugget keeps its original posit
 - ``gather_kv``: the kept positions of one layer's keys and values, for the whole batch;
 - ``delimiter_scores`` / ``position_scores``: scores of the training-free selectors (the
   paper's section 7.1 finds that its learned selector mostly picks punctuation and delimiters);
-  ``salience_scores``: a training-free peer of ours, names and numbers and then surprise, whole words;
+  ``salience_scores``: a training-free peer of ours, names and numbers and then surprise, whole words
+  (``whole_word_scores``: a word scored as its best token, so that it is kept whole or not at all);
   ``question_overlap_scores``: a query-aware one, the sentences that share the question's words first;
 - ``straight_through_bias``: eq. 18's ``s - StopGrad(s)``, zero in the forward pass, which
   carries the gradient of the attention logits to the scores when training the selector.
@@ -107,14 +108,9 @@ def delimiter_scores(token_texts: list[str]) -> torch.Tensor:
 SALIENT_FIRST = 1e4
 
 
-def salience_scores(token_texts: list[str], surprisal: torch.Tensor) -> torch.Tensor:
-    """A training-free peer that keeps what questions tend to ask for (not from the paper): whole words, names and
-    numbers first (a word whose first letter or digit is a capital or a digit), then by surprisal, the largest
-    ``-log p`` of a word's tokens under the model. Every token of a word gets its word's score, so a word is kept
-    whole (but for the last one the budget reaches). A token starts a word when it starts with a space or a
-    non-alphanumeric character, or follows one that ended with one; ``surprisal`` [n] holds each token's -log p
-    given the tokens before it."""
-    n = len(token_texts)
+def word_index(token_texts: list[str]) -> torch.Tensor:
+    """Each token's word [n] (0, 1, ...): a token starts a word when it starts with a space or a non-alphanumeric
+    character, or follows one that ended with one."""
     starts = torch.tensor(
         [
             i == 0 or not text[:1].isalnum() or not token_texts[i - 1][-1:].isalnum()
@@ -122,12 +118,33 @@ def salience_scores(token_texts: list[str], surprisal: torch.Tensor) -> torch.Te
         ],
         dtype=torch.long,
     )
-    word = torch.cumsum(starts, 0) - 1  # each token's word
-    words = int(word[-1]) + 1 if n else 0
-    peak = torch.full((words,), -math.inf).scatter_reduce(0, word, surprisal.float(), "amax", include_self=True)
-    firsts = [token_texts[i].lstrip()[:1] for i in torch.nonzero(starts).flatten().tolist()]  # each word's
-    salient = torch.tensor([float(ch.isupper() or ch.isdigit()) for ch in firsts])  # first character
-    return (SALIENT_FIRST * salient + peak)[word]
+    return torch.cumsum(starts, 0) - 1
+
+
+def whole_word_scores(token_texts: list[str], scores: torch.Tensor) -> torch.Tensor:
+    """Every token scored as its word's best token [n], so that ``select_topk`` keeps words whole (but for the last
+    one the budget reaches): a name or number is kept as a whole or not at all."""
+    word = word_index(token_texts)
+    if not len(token_texts):
+        return scores.float()
+    best = torch.full((int(word[-1]) + 1,), -math.inf).scatter_reduce(0, word, scores.float().cpu(), "amax")
+    return best[word]
+
+
+def salience_scores(token_texts: list[str], surprisal: torch.Tensor) -> torch.Tensor:
+    """A training-free peer that keeps what questions tend to ask for (not from the paper): whole words, names and
+    numbers first (a word whose first letter or digit is a capital or a digit), then by surprisal, the largest
+    ``-log p`` of a word's tokens under the model. Every token of a word gets its word's score (``word_index``), so a
+    word is kept whole (but for the last one the budget reaches); ``surprisal`` [n] holds each token's -log p given
+    the tokens before it."""
+    word = word_index(token_texts)
+    firsts = [text.lstrip()[:1] for text, first in zip(token_texts, _word_starts(word), strict=True) if first]
+    salient = torch.tensor([float(ch.isupper() or ch.isdigit()) for ch in firsts])  # each word's first character
+    return SALIENT_FIRST * salient[word] + whole_word_scores(token_texts, surprisal)
+
+
+def _word_starts(word: torch.Tensor) -> list[bool]:
+    return [i == 0 or int(word[i]) != int(word[i - 1]) for i in range(len(word))]
 
 
 def content_words(text: str) -> set[str]:

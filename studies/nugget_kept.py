@@ -40,7 +40,16 @@ from common import doc_parser, kept_results, load_json, page, record_run, run_he
 
 # the kept token types listed per selector
 TOP_TYPES = 10
-SELECTORS = ("trained", "delimiter", "salience", "question-overlap", "truncation", "streaming", "query-attention")
+SELECTORS = (
+    "trained",
+    "answer-spans",
+    "delimiter",
+    "salience",
+    "question-overlap",
+    "truncation",
+    "streaming",
+    "query-attention",
+)
 RATIOS = (5.0, 10.0)
 TASK = "squad_mini"
 STUDY_DATA = common.DATA / "nugget-study"
@@ -126,14 +135,18 @@ def selector_runs(selectors: list[str], checkpoints: list[str]) -> list[tuple[st
     """(name on the page, --model_args selector, the ratio it scores at, the ratios its scores are cut at): a trained
     scorer (the shipped one per ratio, or a checkpoint at its own ratio) differs by ratio, the others do not."""
     from decodebench.models.nugget.checkpoint import read_checkpoint
+    from decodebench.models.nugget.span_training import OBJECTIVE
 
     runs = []
     for name in selectors:
         for ratio in RATIOS if name == "trained" else RATIOS[:1]:
             runs.append((name, name, ratio, [ratio] if name == "trained" else list(RATIOS)))
     for path in checkpoints:
-        ratio = read_checkpoint(path).ratio  # a file that is not a checkpoint is named before anything loads
-        runs.append((Path(path).stem, str(Path(path).resolve()), ratio, [ratio]))
+        checkpoint = read_checkpoint(path)  # a file that is not a checkpoint is named before anything loads
+        if checkpoint.training.get("objective") == OBJECTIVE:  # an answer-span scorer: one for every ratio
+            runs.append((Path(path).stem, str(Path(path).resolve()), RATIOS[0], list(RATIOS)))
+        else:
+            runs.append((Path(path).stem, str(Path(path).resolve()), checkpoint.ratio, [checkpoint.ratio]))
     return runs
 
 

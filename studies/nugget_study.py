@@ -45,6 +45,7 @@ TASKS = {"squad_mini": ("normalized_accuracy", "accuracy"), "cnndm_mini": ("roug
 OURS = (
     "trained",
     "scorer only",
+    "answer-spans",
     "delimiter",
     "salience",
     "question-overlap",
@@ -233,7 +234,7 @@ def kvpress_items(limits: dict[str, int | None]) -> list[dict]:
 # -- collecting ----------------------------------------------------------------------------------------------------
 def collect(folder: Path, argv: list[str], args) -> None:
     from decodebench.data.embedded import ensure_embedded_model
-    from decodebench.models.nugget.shipped import shipped_checkpoint, verify
+    from decodebench.models.nugget.shipped import shipped_checkpoint, shipped_span_scorer, verify
 
     started = time.time()
     out = Path(args.out).resolve()
@@ -242,10 +243,14 @@ def collect(folder: Path, argv: list[str], args) -> None:
     ratios |= {args.throughput_ratio} if args.rounds else set()
     checkpoints = {f"{r:g}": verify(shipped_checkpoint(r), required=True) for r in sorted(ratios)}
     save_json(folder, "checkpoints.json", checkpoints)
+    spans = verify(shipped_span_scorer(), required=True) if "answer-spans" in args.selectors else None
+    if spans:
+        save_json(folder, "span_scorer.json", spans)
     runs = [("full", None)] + [(name, ratio) for ratio in args.ratios for name in args.selectors]
     for name, ratio in runs:
         for task, limit in args.limit.items():
             weights = checkpoints[f"{ratio:g}"]["sha256"] if name in ("trained", "scorer only") else None
+            weights = spans["sha256"] if name == "answer-spans" else weights
             results = run_lm_eval(out, name, ratio, task, limit, args.batch_size, weights, args.wrapper)
             keep_lm_eval_run(results, folder / "runs" / folder_name(name, ratio) / task)
     if args.kvpress_python:
@@ -396,6 +401,7 @@ def render(folder: Path) -> str:
         "layer 3 + LoRA rank 32 encoder and decoder + soft token, straight-through estimator, zero-shot (plain text "
         "split into a part to compress and a part to continue), one checkpoint per ratio, models/nugget/weights/:",
         *trained_lines,
+        *span_scorer_lines(folder),
         (
             "- `scorer only` is the shipped scorer on the frozen model (an ablation); "
             if "scorer only" in names
@@ -528,6 +534,24 @@ def against_peers(rows: list[Row], ratios) -> list[str]:
                         f"{verdict}"
                     )
     return [*lines, ""]
+
+
+def span_scorer_lines(folder: Path) -> list[str]:
+    """What the page says of ``answer-spans``, from the manifest of the scorer the study ran (none: not run)."""
+    if not (folder / "span_scorer.json").is_file():
+        return []
+    manifest = load_json(folder, "span_scorer.json")
+    split, held = manifest["corpus_split"], manifest["held_out_loss"]
+    return [
+        "- `answer-spans` is ours, not the paper's method (issue 35): the paper's scorer (layer 3, through the final "
+        "norm) trained with a dense loss toward the terms the dictionaries mark as cross-references and the names "
+        "and numbers in them, whole words kept, the nuggets the frozen model's own states (no adapters), one scorer "
+        f"for every ratio: `{manifest['file']}` (sha256 {manifest['sha256'][:12]}...), `{manifest['command']}`: "
+        f"{manifest['steps']} steps on {manifest['corpus']} ({split['trained_on']} documents; {split['held_out']} "
+        f"held out; {split['dropped_for_sharing_text_with_evaluation_samples']} dropped for sharing text with the "
+        f"evaluation samples), held-out binary cross-entropy {held[0][1]:.3f} -> {held[-1][1]:.3f}, trained on "
+        f"{manifest['machine']}"
+    ]
 
 
 def training_curves(checkpoints: dict) -> list[str]:

@@ -97,3 +97,25 @@ def test_the_default_training_corpus_says_how_to_install_it(monkeypatch, tmp_pat
     monkeypatch.setattr(corpus, "PROSE_DICTIONARIES", missing)
     with pytest.raises(CorpusError, match=r"missing .*foldoc\.index.*`apt-get install dict-foldoc`"):
         corpus.prose_corpus()
+
+
+def test_a_dictd_entrys_cross_references_are_the_spans_of_their_terms_in_the_same_text(tmp_path):
+    """What `--recipe answer-spans` learns from: the terms the authors marked, found in exactly the text the plain
+    reader gives (a term wrapped across lines, a brace alone on a line, code braces at a paragraph's edge)."""
+    from decodebench.data.corpus import read_dictd_terms
+
+    index = write_dictd(
+        tmp_path,
+        {
+            "barnacle": "barnacle\n\n   A {crustacean} that lives on {\n   rocky shores}.\n\n   See also {limpet }.\n",
+            "brace style": "brace style\n\n   if (cond)\n   {\n\n   <body>\n\n   }\n   Named by {K&R}.\n",
+            "limpet": "limpet\n\n   A {sea\n   snail} with a conical shell. See\n   {barnacle}\n",
+        },
+    )
+    read = list(read_dictd_terms(index))
+    assert [text for text, _ in read] == list(read_corpus(index))
+    assert [[text[begin:end] for begin, end in terms] for text, terms in read] == [
+        ["crustacean", "rocky shores", "limpet"],
+        ["K&R"],  # the code's braces span paragraphs: no term
+        ["sea snail", "barnacle"],
+    ]

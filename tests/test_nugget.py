@@ -301,3 +301,14 @@ def test_on_the_embedded_model_a_batch_of_4_answers_as_batch_1(embedded_checkpoi
     assert stats["4"]["kv_bytes_at_decode_start"] >= stats["1"]["kv_bytes_at_decode_start"]
     assert stats["1"]["checkpoint_sha256"] == verify(shipped_checkpoint(5), required=True)["sha256"]
     assert stats["1"]["selector"].startswith("the paper's nugget: trained scorer + LoRA encoder/decoder")
+
+
+def test_whole_word_scores_give_every_token_its_words_best_score():
+    from decodebench.kernels.nugget import whole_word_scores, word_index
+
+    texts = ["The", " Hudson", "ville", " river", ",", " 19", "58", "."]
+    assert word_index(texts).tolist() == [0, 1, 1, 2, 3, 4, 4, 5]
+    scores = torch.tensor([0.1, -1.0, 2.0, 0.5, 3.0, 0.2, -0.4, 0.0])
+    assert whole_word_scores(texts, scores).tolist() == pytest.approx([0.1, 2.0, 2.0, 0.5, 3.0, 0.2, 0.2, 0.0])
+    indices, _ = select_topk(whole_word_scores(texts, scores)[None], torch.tensor([8]), 8 / 3, force_last=False)
+    assert indices[0].tolist() == [1, 2, 4]  # "Hudsonville" whole, then the comma

@@ -137,7 +137,12 @@ TRAINING_FLAGS = {
     "lora_lr": (float, "the adapters' peak learning rate (default: --lr)"),
     "accumulate": (int, "windows per optimizer step"),
 }
-RECIPES = ("shipped", "authors")
+RECIPES = ("shipped", "authors", "answer-spans")
+
+
+def recipe_flags(recipe: dict) -> str:
+    """A recipe as the flags that would give it, for --help."""
+    return ", ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in recipe.items())
 
 
 def _train_nugget(args: argparse.Namespace) -> int:
@@ -147,12 +152,13 @@ def _train_nugget(args: argparse.Namespace) -> int:
     file (run the same command again to continue), and saves one safetensors file for `lm_eval --model nugget
     --model_args selector=PATH`."""
     from decodebench.data.embedded import resolve_pretrained
+    from decodebench.models.nugget.span_training import train_span_scorer
     from decodebench.models.nugget.training import TrainingSettings, default_checkpoint, train, training_device
-    from decodebench.models.nugget.training_settings import AUTHORS_RECIPE, check_micro_batch
+    from decodebench.models.nugget.training_settings import ANSWER_SPANS_RECIPE, AUTHORS_RECIPE, check_micro_batch
 
     # the recipe's values, then every flag given (a flag left out is None: the recipe's or the default)
     given = {name: getattr(args, name) for name in (*TRAINING_FLAGS, "chat", "feature_norm")}
-    recipe = AUTHORS_RECIPE if args.recipe == "authors" else {}
+    recipe = {"authors": AUTHORS_RECIPE, "answer-spans": ANSWER_SPANS_RECIPE}.get(args.recipe, {})
     try:
         settings = TrainingSettings(**{**recipe, **{k: v for k, v in given.items() if v is not None}})
         settings.check()
@@ -163,9 +169,9 @@ def _train_nugget(args: argparse.Namespace) -> int:
         return 2
     pretrained, embedded = resolve_pretrained(args.pretrained)
     name = "embedded" if embedded else Path(str(pretrained).rstrip("/")).name
-    out = args.out or default_checkpoint(name, settings.ratio)
+    out = args.out or default_checkpoint(name, None if args.recipe == "answer-spans" else settings.ratio)
     try:
-        path = train(
+        path = (train_span_scorer if args.recipe == "answer-spans" else train)(
             pretrained,
             out,
             settings,
@@ -173,7 +179,7 @@ def _train_nugget(args: argparse.Namespace) -> int:
             log=lambda msg: print(msg, file=sys.stderr),
             command=shlex.join(["decodebench", *sys.argv[1:]]),
             device=str(device),
-            micro_batch=args.micro_batch,
+            **({} if args.recipe == "answer-spans" else {"micro_batch": args.micro_batch}),
         )
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -362,7 +368,12 @@ def build_parser() -> argparse.ArgumentParser:
         _train_nugget,
         "train the nugget selector (the paper's scorer) on a CPU or a CUDA GPU and save it for --model nugget",
     )
-    from decodebench.models.nugget.training_settings import AUTHORS_RECIPE, MICRO_BATCH, TrainingSettings
+    from decodebench.models.nugget.training_settings import (
+        ANSWER_SPANS_RECIPE,
+        AUTHORS_RECIPE,
+        MICRO_BATCH,
+        TrainingSettings,
+    )
 
     defaults = TrainingSettings()
     nugget.add_argument(
@@ -411,8 +422,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="shipped",
         help="'shipped': the shipped checkpoints' settings (the defaults shown); 'authors': what the authors' code "
         "does where the paper is silent: "
-        + ", ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in AUTHORS_RECIPE.items())
-        + " (flags given override it)",
+        + recipe_flags(AUTHORS_RECIPE)
+        + "; 'answer-spans': ours, not the paper's method: the scorer alone, trained toward the terms, names and "
+        "numbers questions ask for (one checkpoint for every ratio, --model nugget selector=answer-spans or PATH): "
+        + recipe_flags(ANSWER_SPANS_RECIPE)
+        + " (flags given override a recipe)",
     )
     for name, (kind, what) in TRAINING_FLAGS.items():
         default = getattr(defaults, name)

@@ -99,6 +99,19 @@ def _read_dictd(index: Path) -> Iterator[str]:
     """A dictd database's entries in index order, each once (several headwords may point at one entry), as plain
     prose: its cross-reference braces dropped and each paragraph on one line (dictd wraps at 72 columns, a layout
     a model would learn to imitate). Headwords that start with ``00`` are the database's own description."""
+    for text, _ in read_dictd_terms(index):
+        yield text
+
+
+# stand-ins for a cross-reference's braces while an entry's whitespace is normalized (Unicode private use: no
+# dictionary writes them)
+_OPEN, _CLOSE = "\ue000", "\ue001"
+
+
+def read_dictd_terms(index: Path) -> Iterator[tuple[str, list[tuple[int, int]]]]:
+    """``_read_dictd``'s entries, each with the character spans of its cross-references: the terms its authors
+    marked ``{like this}`` as having entries of their own (FOLDOC, the Jargon File), the dictionary's own mark of
+    what a reader would look up (``decodebench train-nugget --recipe answer-spans`` learns from them)."""
     data_file = next((p for p in (index.with_suffix(".dict.dz"), index.with_suffix(".dict")) if p.is_file()), None)
     if data_file is None:
         raise CorpusError(f"{index}: a dictd index needs its {index.stem}.dict.dz or {index.stem}.dict beside it")
@@ -120,11 +133,49 @@ def _read_dictd(index: Path) -> Iterator[str]:
             if start + length > len(data):
                 raise CorpusError(f"{where}: the entry ends at byte {start + length}, past {data_file}'s {len(data)}")
             seen.add((start, length))
-            entry = data[start : start + length].decode("utf-8").replace("{", "").replace("}", "")
-            paragraphs = (" ".join(p.split()) for p in re.split(r"\n\s*\n", entry))
-            text = "\n\n".join(p for p in paragraphs if p)
+            entry = data[start : start + length].decode("utf-8").replace("{", _OPEN).replace("}", _CLOSE)
+            paragraphs = (" ".join(_words_with_marks(p)) for p in re.split(f"\\n[\\s{_OPEN}{_CLOSE}]*\\n", entry))
+            marked = "\n\n".join(p for p in paragraphs if p)
+            text, terms = _unmark(marked)
             if text:
-                yield text
+                yield text, terms
+
+
+def _words_with_marks(paragraph: str) -> list[str]:
+    """The paragraph's whitespace-separated words, a brace stand-in standing alone joined to its neighbour (the
+    next word, or the last one), so that the text without them is what dropping the braces first gives."""
+    words: list[str] = []
+    pending = ""
+    for word in paragraph.split():
+        if not word.strip(_OPEN + _CLOSE):
+            pending += word
+        else:
+            words.append(pending + word)
+            pending = ""
+    if pending and words:
+        words[-1] += pending
+    return words
+
+
+def _unmark(marked: str) -> tuple[str, list[tuple[int, int]]]:
+    """``marked`` without its brace stand-ins, and the spans (stripped of spaces) they enclosed in that text."""
+    text: list[str] = []
+    terms, opened, at = [], None, 0
+    for char in marked:
+        if char == _OPEN:
+            opened = at
+        elif char == _CLOSE:
+            if opened is not None:
+                term = "".join(text)[opened:at]
+                begin = opened + len(term) - len(term.lstrip())
+                end = at - (len(term) - len(term.rstrip()))
+                if end > begin and "\n" not in term:  # a link's title and address, not a term
+                    terms.append((begin, end))
+            opened = None
+        else:
+            text.append(char)
+            at += 1
+    return "".join(text), terms
 
 
 def prose_corpus() -> list[str]:

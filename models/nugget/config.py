@@ -12,6 +12,7 @@ from decodebench.models.config import MethodConfig, at_least, option
 # other value is a trained checkpoint file.
 SELECTOR_NAMES = (
     "trained",
+    "answer-spans",
     "delimiter",
     "salience",
     "question-overlap",
@@ -29,7 +30,9 @@ class NuggetConfig(MethodConfig):
     selector: str = option(
         "trained",
         "trained (the paper's method: the compressor shipped for the embedded model at this ratio, 5 or 10), the "
-        "path of a checkpoint from `decodebench train-nugget` (the paper's method, for any model), or a training-free "
+        "path of a checkpoint from `decodebench train-nugget` (the paper's method, for any model), answer-spans (ours: "
+        "a scorer trained toward the terms, names and numbers questions ask for, whole words, any ratio), or a "
+        "training-free "
         "selector: delimiter (training-free, query-independent stand-in), salience (training-free peer: names and "
         "numbers, then surprisal, whole words), question-overlap (training-free query-aware peer: the sentences "
         "sharing most words with the question first), query-attention (query-aware peer, SnapKV's kin), streaming, "

@@ -8,6 +8,9 @@ A selector scores the document's ``n`` tokens; ``kernels.nugget.select_topk`` ke
   (layer 3 of the frozen model), and, unless ``adapters=false``, its encoder adapter to build the
   nuggets, its decoder adapter and soft token to read them (``adapters=false`` is the scorer-only
   ablation on the frozen model);
+- ``AnswerSpanSelector``: ours, beside the paper's method: a scorer trained toward the spans questions ask for
+  (``decodebench train-nugget --recipe answer-spans``, models/nugget/span_training.py; ``selector=answer-spans``:
+  the one shipped for the embedded model, any ratio), whole words kept, the nuggets the frozen model's own states;
 - ``DelimiterSelector``: training-free and query-independent like the paper's scorer: delimiters
   first, what the paper's section 7.1 finds its trained scorer picks; a stand-in, not the method;
 - ``SalienceSelector``: training-free and query-independent too, but after what questions ask for: whole words,
@@ -39,6 +42,7 @@ from decodebench.kernels.nugget import (
     position_scores,
     question_overlap_scores,
     salience_scores,
+    whole_word_scores,
 )
 from decodebench.models.nugget.compressor import chat_template_parts
 from decodebench.models.nugget.config import NuggetConfig
@@ -221,6 +225,44 @@ class TrainedNugget(Selector):
         return self.scorer.score(lm.model, document).float().cpu()
 
 
+class AnswerSpanSelector(Selector):
+    name = "answer-spans"
+
+    def __init__(self, config: NuggetConfig, path: Path | None = None):
+        from decodebench.data.paths import sha256_file
+        from decodebench.models.nugget.checkpoint import CheckpointError, read_checkpoint
+        from decodebench.models.nugget.shipped import shipped_span_scorer, verify
+
+        super().__init__(config)
+        self.path = path or shipped_span_scorer()
+        self.manifest = verify(self.path, required=path is None)
+        self.checkpoint = read_checkpoint(self.path)
+        self.sha256 = self.manifest["sha256"] if self.manifest else sha256_file(self.path)
+        if self.checkpoint.has_adapters:
+            raise CheckpointError(f"{self.path}: an answer-span scorer holds no adapters, and this file has them")
+
+    @property
+    def label(self) -> str:  # type: ignore[override]
+        return (
+            "answer-span scorer (ours, not the paper's method: trained toward the terms, names and numbers questions "
+            f"ask for; whole words, the frozen model's states; {self.path.name})"
+        )
+
+    def record(self) -> dict:
+        return {
+            "checkpoint": str(self.path),
+            "checkpoint_sha256": self.sha256,
+            **({"checkpoint_command": self.manifest["command"]} if self.manifest else {}),
+        }
+
+    def setup(self, lm) -> None:
+        self.checkpoint.check_model(lm.model, lm.tokenizer)
+        self.scorer = self.checkpoint.scorer().to(lm.device)
+
+    def scores(self, lm, document, tail):
+        return whole_word_scores(self.token_texts(lm, document), self.scorer.score(lm.model, document))
+
+
 # -- the attention a question pays to the document, one layer at a time -------------------------
 _TALLY: contextvars.ContextVar[tuple[torch.Tensor, int] | None] = contextvars.ContextVar("tally", default=None)
 _TALLY_ATTENTION = "decodebench_tally"
@@ -270,6 +312,7 @@ SELECTORS = {
     cls.name: cls
     for cls in (
         TrainedNugget,
+        AnswerSpanSelector,
         DelimiterSelector,
         SalienceSelector,
         QuestionOverlapSelector,
@@ -282,4 +325,12 @@ SELECTORS = {
 
 
 def build_selector(config: NuggetConfig) -> Selector:
-    return SELECTORS.get(config.selector, TrainedNugget)(config)
+    if config.selector in SELECTORS:
+        return SELECTORS[config.selector](config)
+    from decodebench.models.nugget.checkpoint import read_checkpoint
+    from decodebench.models.nugget.span_training import OBJECTIVE
+
+    # a checkpoint file: the paper's compressor, or an answer-span scorer (its training record says which)
+    if read_checkpoint(config.selector).training.get("objective") == OBJECTIVE:
+        return AnswerSpanSelector(config, Path(config.selector))
+    return TrainedNugget(config)

@@ -41,6 +41,17 @@ def shipped_checkpoint(ratio: float) -> Path:
     return path
 
 
+def shipped_span_scorer() -> Path:
+    """The answer-span scorer shipped for the embedded model (``selector=answer-spans``; one for every ratio)."""
+    path = WEIGHTS_DIR / f"{SHIPPED_MODEL}-answer-spans.safetensors"
+    if not path.is_file():
+        raise CheckpointError(
+            f"selector=answer-spans: {path} is missing (reinstall decodebench, or train one with `decodebench "
+            "train-nugget --recipe answer-spans` and pass selector=PATH)"
+        )
+    return path
+
+
 def verify(checkpoint: str | Path, required: bool = False) -> dict[str, Any] | None:
     """The manifest beside ``checkpoint`` once the file's sha256 matches it; None when there is no manifest
     (allowed unless ``required``). Raises ``CheckpointError`` for a file that is not the one its manifest names."""

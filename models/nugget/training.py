@@ -380,11 +380,12 @@ def held_out_loss(model, scorer, adapters, windows: list[Window], ratio: float, 
 
 
 # -- training ----------------------------------------------------------------------------------
-def default_checkpoint(model_name: str, ratio: float) -> Path:
-    """Where ``train-nugget`` saves by default (the shipped compressors are in models/nugget/weights/)."""
+def default_checkpoint(model_name: str, ratio: float | None) -> Path:
+    """Where ``train-nugget`` saves by default (the shipped compressors are in models/nugget/weights/); ``ratio``
+    None: an answer-span scorer, one for every ratio."""
     from decodebench.data.paths import home
 
-    return home() / "nugget" / f"{model_name}-r{ratio:g}.safetensors"
+    return home() / "nugget" / f"{model_name}-{f'r{ratio:g}' if ratio else 'answer-spans'}.safetensors"
 
 
 def _learning_rate(step: int, settings: TrainingSettings) -> float:

@@ -33,6 +33,16 @@ AUTHORS_RECIPE = {
     "accumulate": 32,  # windows per optimizer step
 }
 
+# `decodebench train-nugget --recipe answer-spans` (span_training.py; ours, issue 35): the scorer alone, a dense loss
+# toward the spans questions ask for, 16 entries a step; the authors' feature norm and weight decay
+ANSWER_SPANS_RECIPE = {
+    "steps": 800,
+    "accumulate": 16,
+    "lr": 1e-3,
+    "weight_decay": 0.1,
+    "feature_norm": True,
+}
+
 
 @dataclass(frozen=True)
 class TrainingSettings:
