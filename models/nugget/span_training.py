@@ -103,7 +103,8 @@ def span_losses(model, scorer, windows: list[SpanWindow], device) -> torch.Tenso
     """Binary cross-entropy of ``scorer`` on each window's document tokens [B] (one padded forward pass)."""
     from decodebench.models.nugget.training import right_padded
 
-    ids, mask = right_padded([w.ids for w in windows], device)
+    ids, lengths = right_padded([w.ids for w in windows], device)
+    mask = (torch.arange(ids.shape[1], device=device)[None, :] < lengths[:, None]).long()
     logits = scorer.score_batch(model, ids, mask).float()
     losses = []
     for row, window in enumerate(windows):
