@@ -7,7 +7,8 @@ and the question after the last blank line), and asks every selector of the nugg
 which tokens it keeps in both layouts ``--model nugget`` offers (one scoring pass: a selector scores the same
 tokens in both): only the document compressed, the opening kept whole (``wrapper=kept``, the authors' layout and
 the default), and the opening compressed with the document (``wrapper=compressed``, the nugget study's): the
-paper's method as shipped (``selector=trained``: its scorer, the checkpoint for that ratio), the delimiter
+paper's method as shipped (``selector=trained``: its scorer, the checkpoint for that ratio), the answer-span
+scorer (``selector=answer-spans``, ours: trained toward marked terms, names and numbers, whole words), the delimiter
 stand-in, the salience peer (names and numbers, then surprisal, whole words), the question-overlap peer (the sentences
 sharing most words with the question first, salience within them), truncation, StreamingLLM and query-aware
 attention. A question's answer counts as kept when every
@@ -342,8 +343,8 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="PATH",
-        help="a checkpoint from decodebench train-nugget, gated beside them at the ratio it was trained for "
-        "(repeatable)",
+        help="a checkpoint from decodebench train-nugget, gated beside them at the ratio it was trained for (an "
+        "answer-span scorer: at every ratio; repeatable)",
     )
     args: argparse.Namespace = parser.parse_args(argv)
     return page(args, argv, lambda folder, command: collect(folder, command, args), render)

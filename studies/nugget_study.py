@@ -489,6 +489,7 @@ def render(folder: Path) -> str:
         ]
     lines += against_peers(rows, ratios)
     lines += training_curves(checkpoints)
+    lines += span_scorer_curve(folder)
     if (folder / "throughput.json").is_file():
         lines += throughput_section(load_json(folder, "throughput.json"))
     lines += [
@@ -552,6 +553,27 @@ def span_scorer_lines(folder: Path) -> list[str]:
         f"evaluation samples), held-out binary cross-entropy {held[0][1]:.3f} -> {held[-1][1]:.3f}, trained on "
         f"{manifest['machine']}"
     ]
+
+
+def span_scorer_curve(folder: Path) -> list[str]:
+    """The answer-span scorer's held-out loss over its training (its manifest's record)."""
+    if not (folder / "span_scorer.json").is_file():
+        return []
+    manifest = load_json(folder, "span_scorer.json")
+    settings = manifest["settings"]
+    lines = [
+        "## How the answer-span scorer trained",
+        "",
+        "Held-out binary cross-entropy per document token (nats) on the same "
+        f"{settings['held_out_windows']} held-out entries each time, by step: "
+        f"{manifest['steps']} steps of {settings['accumulate']} entries, lr {settings['lr']:g}, weight decay "
+        f"{settings['weight_decay']:g}, {manifest['training_seconds'] / 60:.0f} min on {manifest['machine']}.",
+        "",
+        "| step | held-out loss |",
+        "|---:|---:|",
+    ]
+    lines += [f"| {step} | {loss:.4f} |" for step, loss in manifest["held_out_loss"]]
+    return [*lines, ""]
 
 
 def training_curves(checkpoints: dict) -> list[str]:

@@ -233,6 +233,7 @@ def test_the_shipped_checkpoints_match_their_manifests_and_refuse_other_models(t
         assert manifest["corpus"] == PROSE_CORPUS and manifest["steps"] == TrainingSettings().steps
         assert manifest["command"].startswith("decodebench train-nugget") and len(manifest["revision"]) >= 40
     assert sorted(p.name for p in WEIGHTS_DIR.glob("*.safetensors")) == [
+        "embedded-answer-spans.safetensors",
         "embedded-r10.safetensors",
         "embedded-r5.safetensors",
     ]
@@ -522,3 +523,79 @@ def test_an_8k_token_document_stays_within_a_memory_cap(tiny_checkpoint):
         all_layer_maps = 2 * 4 * n * n * 4
         assert summary["memory_source"] == "cpu-resident-growth"
         assert summary["peak_memory_bytes"] < 512 * 2**20 < all_layer_maps / 4, (selector, summary["peak_memory_bytes"])
+
+
+# -- the answer-span scorer (ours, issue 35) -----------------------------------------------------------------------
+def test_answer_worthy_spans_are_the_marked_terms_names_and_numbers_laid_out_as_a_document(tiny_checkpoint):
+    from transformers import AutoTokenizer
+
+    from decodebench.models.nugget.span_training import SEPARATOR, answer_worthy_spans, span_window
+
+    text = "The IBM PC ran MS-DOS. In 1981 Don Estridge led the team; see the operating system."
+    terms = [(text.index("operating system"), text.index("operating system") + len("operating system"))]
+    spans = answer_worthy_spans(text, terms)
+    # "The" and "In" open sentences; "IBM" (two capitals), "PC", "MS-DOS", "1981" and the names are kept
+    assert [text[a:b] for a, b in spans] == ["IBM", "PC", "MS-DOS", "1981", "Don", "Estridge", "operating system"]
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_checkpoint))
+    window = span_window(tokenizer, "<|im_start|>user\n", text, spans, context=256)
+    document = window.ids[window.document :]
+    assert tokenizer.decode(window.ids[: window.document]) == "<|im_start|>user\n"
+    assert tokenizer.decode(document).endswith(SEPARATOR) and window.targets[-1] == 0.0
+    marked = "".join(tokenizer.decode([t]) for t, y in zip(document, window.targets, strict=True) if y)
+    assert "Estridge" in marked and "operating system" in marked and "team" not in marked and "The" not in marked
+    short = span_window(tokenizer, "", text, spans, context=5)  # the entry's first 5 tokens, then the separator
+    assert len(short.ids) == 5 + len(tokenizer(SEPARATOR, add_special_tokens=False)["input_ids"])
+
+
+def test_the_answer_span_scorer_learns_resumes_and_runs_as_a_selector_for_every_ratio(
+    tiny_checkpoint, corpus, tmp_path
+):
+    from decodebench.models.nugget import Nugget
+    from decodebench.models.nugget.selectors import AnswerSpanSelector
+    from decodebench.models.nugget.span_training import OBJECTIVE, train_span_scorer
+    from decodebench.models.nugget.training_settings import ANSWER_SPANS_RECIPE
+
+    settings = replace(
+        TrainingSettings(**ANSWER_SPANS_RECIPE),
+        steps=20,
+        accumulate=4,
+        context=64,
+        layer=1,
+        eval_every=10,
+        save_every=5,
+        held_out_windows=8,
+    )
+    out = tmp_path / "spans.safetensors"
+
+    def interrupt_at_10(message):
+        if message.startswith("step 10:"):
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        train_span_scorer(str(tiny_checkpoint), out, settings, corpus=corpus, log=interrupt_at_10, progress=False)
+    assert not out.exists()
+    resumed = []
+    train_span_scorer(str(tiny_checkpoint), out, settings, corpus=corpus, log=resumed.append, progress=False)
+    assert any("resuming from step 10" in m for m in resumed)
+    checkpoint = read_checkpoint(out)
+    held_out = checkpoint.training["held_out"]
+    assert [step for step, _ in held_out] == [0, 10, 20] and held_out[-1][1] < held_out[0][1], held_out
+    assert checkpoint.training["objective"] == OBJECTIVE and not checkpoint.has_adapters and checkpoint.feature_norm
+    document = "The river Alder flows past Hudsonville. It reopened on Monday, 3 March 1958, after a flood. " * 3
+    request = SimpleNamespace(
+        task_name="t", doc_id=0, idx=0, args=(f"{document}\n\nWhat reopened?", {"until": [], "max_gen_toks": 4})
+    )
+    for ratio in (4, 10):  # one scorer, any ratio, no warning that it was trained at another
+        model = Nugget.create(
+            {"pretrained": str(tiny_checkpoint), "device": "cpu", "selector": str(out), "ratio": ratio}
+        )
+        assert isinstance(model.method.selector, AnswerSpanSelector)
+        assert model.method.description.startswith("answer-span scorer (ours, not the paper's method")
+        (text,) = model.generate_until([request])
+        (record,) = model.decodebench_recorder.records
+        assert isinstance(text, str) and record.method_stats["nuggets"] == -(
+            -record.method_stats["document_tokens"] // ratio
+        )
+    # the shipped one is the embedded model's: another model is refused by name before its first request
+    with pytest.raises(CheckpointError, match=r"embedded-answer-spans\.safetensors was trained for another model"):
+        Nugget.create({"pretrained": str(tiny_checkpoint), "device": "cpu", "selector": "answer-spans"})
