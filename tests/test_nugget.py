@@ -18,6 +18,8 @@ from decodebench.kernels.nugget import (
     salience_scores,
     select_topk,
     straight_through_bias,
+    whole_word_scores,
+    word_index,
 )
 
 
@@ -304,11 +306,42 @@ def test_on_the_embedded_model_a_batch_of_4_answers_as_batch_1(embedded_checkpoi
 
 
 def test_whole_word_scores_give_every_token_its_words_best_score():
-    from decodebench.kernels.nugget import whole_word_scores, word_index
-
     texts = ["The", " Hudson", "ville", " river", ",", " 19", "58", "."]
     assert word_index(texts).tolist() == [0, 1, 1, 2, 3, 4, 4, 5]
     scores = torch.tensor([0.1, -1.0, 2.0, 0.5, 3.0, 0.2, -0.4, 0.0])
     assert whole_word_scores(texts, scores).tolist() == pytest.approx([0.1, 2.0, 2.0, 0.5, 3.0, 0.2, 0.2, 0.0])
     indices, _ = select_topk(whole_word_scores(texts, scores)[None], torch.tensor([8]), 8 / 3, force_last=False)
     assert indices[0].tolist() == [1, 2, 4]  # "Hudsonville" whole, then the comma
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_the_shipped_answer_span_scorer_runs_on_the_embedded_model_at_both_ratios(embedded_checkpoint):
+    """``selector=answer-spans``: the file its manifest names, whole words kept, the opening kept whole, one scorer for
+    ratio 5 and 10 (its quality: docs/nugget-study-peers.md)."""
+    from decodebench.models.nugget import Nugget
+    from decodebench.models.nugget.shipped import shipped_span_scorer, verify
+
+    context = read_context(0)
+    request = SimpleNamespace(
+        task_name="t",
+        doc_id=0,
+        idx=0,
+        args=(f"{context}\n\nBased on the provided document, answer the following question:\nWhat?", {}),
+    )
+    for ratio in (5, 10):
+        model = Nugget.create(
+            {"pretrained": str(embedded_checkpoint), "device": "cpu", "selector": "answer-spans", "ratio": ratio}
+        )
+        prompt = model.tok_encode(model.apply_chat_template([{"role": "user", "content": request.args[0]}]))
+        n = model.method.split_point(model, prompt)
+        opening = model.method.opening_length(model, prompt, n)
+        scores = model.method.selector.scores(model, torch.tensor([prompt[:n]]), prompt[n:])
+        indices, _ = select_topk(scores[None], torch.tensor([n]), ratio, kept_whole=torch.tensor([opening]))
+        kept = set(indices[0].tolist())
+        assert set(range(opening)) <= kept and len(kept) == opening + -(-(n - opening) // ratio)
+        words = word_index([model.tokenizer.decode([t]) for t in prompt[:n]]).tolist()
+        broken = {words[i] for i in kept} & {words[i] for i in range(n) if i not in kept}
+        assert len(broken) <= 1  # whole words, but for the last one the budget reaches
+        summary = model.method.summarize([])
+        assert summary["checkpoint_sha256"] == verify(shipped_span_scorer(), required=True)["sha256"]

@@ -457,7 +457,8 @@ def test_train_nugget_takes_the_authors_recipe_and_names_a_bad_setting_before_lo
     from conftest import decodebench_in_process
 
     helped = decodebench_in_process("train-nugget", "--help", cwd=tmp_path)
-    assert "--recipe {shipped,authors}" in helped.stdout and "--lora-targets q_proj,v_proj,o_proj" in helped.stdout
+    assert "--recipe {shipped,authors,answer-spans}" in helped.stdout
+    assert "--lora-targets q_proj,v_proj,o_proj" in helped.stdout and "--accumulate 16" in helped.stdout
     bad = decodebench_in_process(
         "train-nugget", "--recipe", "authors", "--lora-dropout", "1.5", "--pretrained", "/nonexistent", cwd=tmp_path
     )
@@ -576,26 +577,30 @@ def test_the_answer_span_scorer_learns_resumes_and_runs_as_a_selector_for_every_
     assert not out.exists()
     resumed = []
     train_span_scorer(str(tiny_checkpoint), out, settings, corpus=corpus, log=resumed.append, progress=False)
-    assert any("resuming from step 10" in m for m in resumed)
+    assert any("resuming from step 5" in m for m in resumed)  # the last save before the interruption
     checkpoint = read_checkpoint(out)
     held_out = checkpoint.training["held_out"]
     assert [step for step, _ in held_out] == [0, 10, 20] and held_out[-1][1] < held_out[0][1], held_out
     assert checkpoint.training["objective"] == OBJECTIVE and not checkpoint.has_adapters and checkpoint.feature_norm
     document = "The river Alder flows past Hudsonville. It reopened on Monday, 3 March 1958, after a flood. " * 3
-    request = SimpleNamespace(
-        task_name="t", doc_id=0, idx=0, args=(f"{document}\n\nWhat reopened?", {"until": [], "max_gen_toks": 4})
-    )
-    for ratio in (4, 10):  # one scorer, any ratio, no warning that it was trained at another
-        model = Nugget.create(
-            {"pretrained": str(tiny_checkpoint), "device": "cpu", "selector": str(out), "ratio": ratio}
-        )
+    question = f"{document}\n\nWhat reopened?"
+    request = SimpleNamespace(task_name="t", doc_id=0, idx=0, args=(question, {"until": [], "max_gen_toks": 4}))
+    args = {"pretrained": str(tiny_checkpoint), "device": "cpu", "selector": str(out)}
+    for ratio in (4, 10):  # one scorer, any ratio
+        model = Nugget.create({**args, "ratio": ratio})
         assert isinstance(model.method.selector, AnswerSpanSelector)
         assert model.method.description.startswith("answer-span scorer (ours, not the paper's method")
         (text,) = model.generate_until([request])
         (record,) = model.decodebench_recorder.records
-        assert isinstance(text, str) and record.method_stats["nuggets"] == -(
-            -record.method_stats["document_tokens"] // ratio
-        )
+        stats = record.method_stats
+        assert isinstance(text, str) and stats["nuggets"] == -(-stats["document_tokens"] // ratio)
+    # as every selector: the chat template's opening kept whole, the ratio applied to the document alone
+    chat = model.tok_encode(model.apply_chat_template([{"role": "user", "content": question}]))
+    row = model.method.compress(model, chat)
+    opening, kept = row.stats["opening_tokens"], row.stats["nuggets"]
+    assert model.tokenizer.decode(chat[:opening]).endswith("<|im_start|>user\n")
+    assert model.tokenizer.decode(chat[opening : opening + row.stats["document_tokens"]]).startswith(document[:30])
+    assert row.layers[0][0].shape[2] == opening + kept and kept == -(-row.stats["document_tokens"] // 10)
     # the shipped one is the embedded model's: another model is refused by name before its first request
     with pytest.raises(CheckpointError, match=r"embedded-answer-spans\.safetensors was trained for another model"):
         Nugget.create({"pretrained": str(tiny_checkpoint), "device": "cpu", "selector": "answer-spans"})
