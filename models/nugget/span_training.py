@@ -25,7 +25,6 @@ ratio (``selector=answer-spans``).
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import time
@@ -137,6 +136,8 @@ def train_span_scorer(
         _learning_rate,
         corpus_record,
         in_batches,
+        load_resume,
+        save_resume,
         split_corpus,
         training_device,
     )
@@ -164,8 +165,8 @@ def train_span_scorer(
         scorer.parameters(), lr=settings.lr, betas=(0.9, 0.95), eps=1e-5, weight_decay=settings.weight_decay
     )
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _learning_rate(step, settings))
-    parts = chat_template_parts(tokenizer)
-    opening = parts[0] if parts else (tokenizer.bos_token or "")
+    template = chat_template_parts(tokenizer)
+    opening = template[0] if template else (tokenizer.bos_token or "")
 
     def window(text: str) -> SpanWindow:
         return span_window(tokenizer, opening, text, spans_of[text], settings.context)
@@ -180,8 +181,9 @@ def train_span_scorer(
     rng = random.Random(settings.seed)
     record = {"settings": asdict(settings), "objective": OBJECTIVE, "corpus": corpus_name, "losses": [], "held_out": []}
     start = 0
+    parts = {"scorer": scorer, "optimizer": optimizer, "schedule": schedule}
     if resume_path.is_file():
-        start = _resume(resume_path, settings, scorer, optimizer, schedule, rng, record)
+        start = load_resume(resume_path, settings, parts, rng, record)
         log(f"resuming from step {start} ({resume_path})")
     else:
         record["held_out"].append([0, held_out()])
@@ -204,7 +206,7 @@ def train_span_scorer(
             record["held_out"].append([done, held_out()])
             log(f"step {done}: held-out loss {record['held_out'][-1][1]:.4f}")
         if done % settings.save_every == 0 or done == settings.steps:
-            _save_resume(resume_path, done, scorer, optimizer, schedule, rng, record)
+            save_resume(resume_path, done, parts, rng, record)
     bar.close()
     record["seconds_this_run"] = time.perf_counter() - started
     training = {key: record[key] for key in ("settings", "objective", "corpus", "held_out", "seconds_this_run")}
@@ -217,42 +219,3 @@ def train_span_scorer(
     first, last = record["held_out"][0][1], record["held_out"][-1][1]
     log(f"saved {path}: held-out loss {first:.4f} -> {last:.4f} (binary cross-entropy per document token)")
     return path
-
-
-def _save_resume(path: Path, step: int, scorer, optimizer, schedule, rng, record) -> None:
-    state = {
-        "step": step,
-        "scorer": scorer.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "schedule": schedule.state_dict(),
-        "rng": json.dumps(rng.getstate()),
-        "torch_rng": torch.get_rng_state(),
-        "record": json.dumps(record),
-    }
-    partial = path.with_name(f".{path.name}.partial")
-    torch.save(state, partial)
-    os.replace(partial, path)
-
-
-def _resume(path: Path, settings, scorer, optimizer, schedule, rng, record) -> int:
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        saved = json.loads(state["record"])
-    except Exception as exc:  # a cut or foreign file: torch says only what failed inside it
-        raise ValueError(
-            f"the resume file {path} cannot be read ({type(exc).__name__}: {str(exc)[:200]}); it is cut or not one "
-            "of train-nugget's: delete it to start over, or give another --out"
-        ) from None
-    if saved.get("objective") != OBJECTIVE or saved["settings"] != asdict(settings):
-        raise ValueError(
-            f"{path} was made by another training run (objective or settings differ); rerun with the same command "
-            "to resume, or give another --out"
-        )
-    scorer.load_state_dict(state["scorer"])
-    optimizer.load_state_dict(state["optimizer"])
-    schedule.load_state_dict(state["schedule"])
-    version, internal, gauss = json.loads(state["rng"])
-    rng.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(state["torch_rng"])
-    record.update(saved)
-    return int(state["step"])

@@ -499,8 +499,9 @@ def train(
         "held_out": [],
     }
     start = 0
+    parts = {"scorer": scorer, "adapters": adapters, "optimizer": optimizer, "schedule": schedule}
     if resume_path.is_file():
-        start = _resume(resume_path, settings, scorer, adapters, optimizer, schedule, rng, record)
+        start = load_resume(resume_path, settings, parts, rng, record)
         log(f"resuming from step {start} ({resume_path})")
     else:
         held = held_out_loss(model, scorer, adapters, held_windows, settings.ratio, micro_batch)
@@ -530,7 +531,7 @@ def train(
             record["held_out"].append([done, held])
             log(f"step {done}: held-out loss {held:.3f}")
         if done % settings.save_every == 0 or done == settings.steps:
-            _save_resume(resume_path, done, scorer, adapters, optimizer, schedule, rng, record)
+            save_resume(resume_path, done, parts, rng, record)
     bar.close()
     record["seconds_this_run"] = time.perf_counter() - started
     kept = ("settings", "corpus", "dropped_documents", "held_out", "seconds_this_run", "micro_batch", "precision")
@@ -548,13 +549,12 @@ def train(
     return path
 
 
-def _save_resume(path: Path, step: int, scorer, adapters, optimizer, schedule, rng, record) -> None:
+def save_resume(path: Path, step: int, parts: dict, rng, record: dict) -> None:
+    """The resume file: each of ``parts``' state (the scorer, adapters, optimizer, schedule), the random generators and
+    the training record so far, written atomically."""
     state = {
         "step": step,
-        "scorer": scorer.state_dict(),
-        "adapters": adapters.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "schedule": schedule.state_dict(),
+        **{name: part.state_dict() for name, part in parts.items()},
         "rng": json.dumps(rng.getstate()),
         "torch_rng": torch.get_rng_state(),
         # the adapters' dropout draws on the device's generator
@@ -566,7 +566,9 @@ def _save_resume(path: Path, step: int, scorer, adapters, optimizer, schedule, r
     os.replace(partial, path)
 
 
-def _resume(path: Path, settings, scorer, adapters, optimizer, schedule, rng, record) -> int:
+def load_resume(path: Path, settings, parts: dict, rng, record: dict) -> int:
+    """Restore ``parts``, the generators and ``record`` from a resume file of a run with the same settings (and
+    objective, ``record["objective"]``); returns the step it had reached."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain values only
         saved = json.loads(state["record"])
@@ -575,16 +577,19 @@ def _resume(path: Path, settings, scorer, adapters, optimizer, schedule, rng, re
             f"the resume file {path} cannot be read ({type(exc).__name__}: {str(exc)[:200]}); it is cut or not one "
             "of train-nugget's: delete it to start over, or give another --out"
         ) from None
+    if saved.get("objective") != record.get("objective"):
+        raise ValueError(
+            f"{path} was made by a run training another objective ({saved.get('objective') or 'the paper'}'s); "
+            "give another --out"
+        )
     if saved["settings"] != asdict(settings):
         changed = {k: (v, asdict(settings)[k]) for k, v in saved["settings"].items() if asdict(settings).get(k) != v}
         raise ValueError(
             f"{path} was made with other settings {changed} (saved, now); rerun with the same settings to resume, "
             "or give another --out"
         )
-    scorer.load_state_dict(state["scorer"])
-    adapters.load_state_dict(state["adapters"])
-    optimizer.load_state_dict(state["optimizer"])
-    schedule.load_state_dict(state["schedule"])
+    for name, part in parts.items():
+        part.load_state_dict(state[name])
     version, internal, gauss = json.loads(state["rng"])
     rng.setstate((version, tuple(internal), gauss))
     torch.set_rng_state(state["torch_rng"])
