@@ -38,19 +38,12 @@ from pathlib import Path
 
 import common
 from common import doc_parser, kept_results, load_json, page, record_run, run_header, save_json
+from nugget_study import OURS
 
 # the kept token types listed per selector
 TOP_TYPES = 10
-SELECTORS = (
-    "trained",
-    "answer-spans",
-    "delimiter",
-    "salience",
-    "question-overlap",
-    "truncation",
-    "streaming",
-    "query-attention",
-)
+# the nugget study's selectors (the scorer-only ablation keeps what the trained method keeps)
+SELECTORS = tuple(name for name in OURS if name != "scorer only")
 RATIOS = (5.0, 10.0)
 TASK = "squad_mini"
 STUDY_DATA = common.DATA / "nugget-study"
