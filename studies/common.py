@@ -48,6 +48,7 @@ PAGES = {
     "docs/nugget-study-question-r10.md": "nugget_study",
     "docs/nugget-study-peers.md": "nugget_study",
     "docs/nugget-kept.md": "nugget_kept",
+    "docs/nugget-kept-answer-spans.md": "nugget_kept",
     "docs/nugget-authors-recipe.md": "nugget_kept",
 }
 # pages that measure nothing (design notes): they say so in their first lines
