@@ -172,21 +172,38 @@ class QuestionOverlapSelector(SalienceSelector):
         return question_overlap_scores(self.token_texts(lm, document), question, self.surprisal(lm, document))
 
 
-class TrainedNugget(Selector):
+class CheckpointSelector(Selector):
+    """A selector whose scorer is a ``decodebench train-nugget`` file, checked (against its manifest's sha256, then as
+    a checkpoint) before the model loads; a shipped one must have its manifest."""
+
+    def __init__(self, config: NuggetConfig, path: Path, shipped: bool):
+        from decodebench.data.paths import sha256_file
+        from decodebench.models.nugget.checkpoint import read_checkpoint
+        from decodebench.models.nugget.shipped import verify
+
+        super().__init__(config)
+        self.path = path
+        self.manifest = verify(path, required=shipped)
+        self.checkpoint = read_checkpoint(path)
+        self.sha256 = self.manifest["sha256"] if self.manifest else sha256_file(path)
+
+    def record(self) -> dict:
+        return {
+            "checkpoint": str(self.path),
+            "checkpoint_sha256": self.sha256,
+            **({"checkpoint_command": self.manifest["command"]} if self.manifest else {}),
+        }
+
+
+class TrainedNugget(CheckpointSelector):
     name = "trained"
 
     def __init__(self, config: NuggetConfig):
-        from decodebench.data.paths import sha256_file
-        from decodebench.models.nugget.checkpoint import CheckpointError, read_checkpoint
-        from decodebench.models.nugget.shipped import shipped_checkpoint, verify
+        from decodebench.models.nugget.checkpoint import CheckpointError
+        from decodebench.models.nugget.shipped import shipped_checkpoint
 
-        super().__init__(config)
         shipped = config.selector == self.name
-        self.path = shipped_checkpoint(config.ratio) if shipped else Path(config.selector)
-        # the file is checked (against its manifest's sha256, then as a checkpoint) before the model loads
-        self.manifest = verify(self.path, required=shipped)
-        self.checkpoint = read_checkpoint(self.path)
-        self.sha256 = self.manifest["sha256"] if self.manifest else sha256_file(self.path)
+        super().__init__(config, shipped_checkpoint(config.ratio) if shipped else Path(config.selector), shipped)
         if config.adapters and not self.checkpoint.has_adapters:
             raise CheckpointError(f"{self.path} holds a scorer only (no LoRA adapters); run it with adapters=false")
         if config.ratio != self.checkpoint.ratio:
@@ -206,12 +223,7 @@ class TrainedNugget(Selector):
         return f"trained scorer only, frozen model (ablation of the paper's nugget; {self.path.name})"
 
     def record(self) -> dict:
-        return {
-            "checkpoint": str(self.path),
-            "checkpoint_sha256": self.sha256,
-            "checkpoint_trained_at_ratio": self.checkpoint.ratio,
-            **({"checkpoint_command": self.manifest["command"]} if self.manifest else {}),
-        }
+        return {**super().record(), "checkpoint_trained_at_ratio": self.checkpoint.ratio}
 
     def setup(self, lm) -> None:
         self.checkpoint.check_model(lm.model, lm.tokenizer)
@@ -225,19 +237,14 @@ class TrainedNugget(Selector):
         return self.scorer.score(lm.model, document).float().cpu()
 
 
-class AnswerSpanSelector(Selector):
+class AnswerSpanSelector(CheckpointSelector):
     name = "answer-spans"
 
     def __init__(self, config: NuggetConfig, path: Path | None = None):
-        from decodebench.data.paths import sha256_file
-        from decodebench.models.nugget.checkpoint import CheckpointError, read_checkpoint
-        from decodebench.models.nugget.shipped import shipped_span_scorer, verify
+        from decodebench.models.nugget.checkpoint import CheckpointError
+        from decodebench.models.nugget.shipped import shipped_span_scorer
 
-        super().__init__(config)
-        self.path = path or shipped_span_scorer()
-        self.manifest = verify(self.path, required=path is None)
-        self.checkpoint = read_checkpoint(self.path)
-        self.sha256 = self.manifest["sha256"] if self.manifest else sha256_file(self.path)
+        super().__init__(config, path or shipped_span_scorer(), shipped=path is None)
         if self.checkpoint.has_adapters:
             raise CheckpointError(f"{self.path}: an answer-span scorer holds no adapters, and this file has them")
 
@@ -247,13 +254,6 @@ class AnswerSpanSelector(Selector):
             "answer-span scorer (ours, not the paper's method: trained toward the terms, names and numbers questions "
             f"ask for; whole words, the frozen model's states; {self.path.name})"
         )
-
-    def record(self) -> dict:
-        return {
-            "checkpoint": str(self.path),
-            "checkpoint_sha256": self.sha256,
-            **({"checkpoint_command": self.manifest["command"]} if self.manifest else {}),
-        }
 
     def setup(self, lm) -> None:
         self.checkpoint.check_model(lm.model, lm.tokenizer)
