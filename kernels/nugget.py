@@ -108,27 +108,35 @@ def delimiter_scores(token_texts: list[str]) -> torch.Tensor:
 SALIENT_FIRST = 1e4
 
 
-def word_index(token_texts: list[str]) -> torch.Tensor:
-    """Each token's word [n] (0, 1, ...): a token starts a word when it starts with a space or a non-alphanumeric
-    character, or follows one that ended with one."""
-    starts = torch.tensor(
+def _word_starts(token_texts: list[str]) -> torch.Tensor:
+    """Which tokens [n] start a word: those that start with a space or a non-alphanumeric character, or follow one
+    that ended with one."""
+    return torch.tensor(
         [
             i == 0 or not text[:1].isalnum() or not token_texts[i - 1][-1:].isalnum()
             for i, text in enumerate(token_texts)
         ],
         dtype=torch.long,
     )
-    return torch.cumsum(starts, 0) - 1
+
+
+def word_index(token_texts: list[str]) -> torch.Tensor:
+    """Each token's word [n] (0, 1, ...), words as ``_word_starts`` finds them."""
+    return torch.cumsum(_word_starts(token_texts), 0) - 1
+
+
+def _best_of_word(word: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """Each token's word's highest score [n] (``word``: ``word_index``)."""
+    if not len(word):
+        return scores.float()
+    best = torch.full((int(word[-1]) + 1,), -math.inf).scatter_reduce(0, word, scores.float().cpu(), "amax")
+    return best[word]
 
 
 def whole_word_scores(token_texts: list[str], scores: torch.Tensor) -> torch.Tensor:
     """Every token scored as its word's best token [n], so that ``select_topk`` keeps words whole (but for the last
     one the budget reaches): a name or number is kept as a whole or not at all."""
-    word = word_index(token_texts)
-    if not len(token_texts):
-        return scores.float()
-    best = torch.full((int(word[-1]) + 1,), -math.inf).scatter_reduce(0, word, scores.float().cpu(), "amax")
-    return best[word]
+    return _best_of_word(word_index(token_texts), scores)
 
 
 def salience_scores(token_texts: list[str], surprisal: torch.Tensor) -> torch.Tensor:
@@ -137,14 +145,11 @@ def salience_scores(token_texts: list[str], surprisal: torch.Tensor) -> torch.Te
     ``-log p`` of a word's tokens under the model. Every token of a word gets its word's score (``word_index``), so a
     word is kept whole (but for the last one the budget reaches); ``surprisal`` [n] holds each token's -log p given
     the tokens before it."""
-    word = word_index(token_texts)
-    firsts = [text.lstrip()[:1] for text, first in zip(token_texts, _word_starts(word), strict=True) if first]
-    salient = torch.tensor([float(ch.isupper() or ch.isdigit()) for ch in firsts])  # each word's first character
-    return SALIENT_FIRST * salient[word] + whole_word_scores(token_texts, surprisal)
-
-
-def _word_starts(word: torch.Tensor) -> list[bool]:
-    return [i == 0 or int(word[i]) != int(word[i - 1]) for i in range(len(word))]
+    starts = _word_starts(token_texts)
+    word = torch.cumsum(starts, 0) - 1
+    firsts = [token_texts[i].lstrip()[:1] for i in torch.nonzero(starts).flatten().tolist()]  # each word's
+    salient = torch.tensor([float(ch.isupper() or ch.isdigit()) for ch in firsts])  # first character
+    return SALIENT_FIRST * salient[word] + _best_of_word(word, surprisal)
 
 
 def content_words(text: str) -> set[str]:

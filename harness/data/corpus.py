@@ -166,7 +166,7 @@ def _unmark(marked: str) -> tuple[str, list[tuple[int, int]]]:
             opened = at
         elif char == _CLOSE:
             if opened is not None:
-                term = "".join(text)[opened:at]
+                term = "".join(text[opened:at])
                 begin = opened + len(term) - len(term.lstrip())
                 end = at - (len(term) - len(term.rstrip()))
                 if end > begin and "\n" not in term:  # a link's title and address, not a term

@@ -171,6 +171,18 @@ def save_checkpoint(
     return path
 
 
+def training_objective(path: str | Path) -> str | None:
+    """The ``objective`` a checkpoint's training record names, from its header alone (None: the paper's, or a file
+    that cannot be read, which ``read_checkpoint`` then refuses by name)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return json.loads((handle.metadata() or {}).get("training", "{}")).get("objective")
+    except Exception:  # any unreadable file: read_checkpoint says what is wrong with it
+        return None
+
+
 def read_checkpoint(path: str | Path) -> NuggetCheckpoint:
     """The checkpoint at ``path``, or a ``CheckpointError`` naming what is wrong with the file."""
     from safetensors import SafetensorError, safe_open

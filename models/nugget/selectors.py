@@ -327,13 +327,11 @@ SELECTORS = {
 def build_selector(config: NuggetConfig) -> Selector:
     if config.selector in SELECTORS:
         return SELECTORS[config.selector](config)
-    from decodebench.models.nugget.checkpoint import read_checkpoint
-    from decodebench.models.nugget.shipped import verify
+    from decodebench.models.nugget.checkpoint import training_objective
     from decodebench.models.nugget.span_training import OBJECTIVE
 
-    # a checkpoint file: the paper's compressor, or an answer-span scorer (its training record says which); a file
-    # that is not the one its manifest names is refused as such before it is read
-    verify(config.selector)
-    if read_checkpoint(config.selector).training.get("objective") == OBJECTIVE:
+    # a checkpoint file: an answer-span scorer (its training record says so) or the paper's compressor, whose
+    # selector checks the file (manifest, then contents) and names what is wrong with it
+    if training_objective(config.selector) == OBJECTIVE:
         return AnswerSpanSelector(config, Path(config.selector))
     return TrainedNugget(config)

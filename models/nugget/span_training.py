@@ -127,14 +127,14 @@ def train_span_scorer(
     settings used: ``steps``, ``accumulate`` (entries a step), ``context``, ``lr``, ``warmup``, ``weight_decay``,
     ``layer``, ``feature_norm``, ``seed``, ``held_out_windows``, ``eval_every``, ``save_every``."""
     from tqdm import tqdm
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from decodebench.models.nugget.checkpoint import model_identity, save_checkpoint
-    from decodebench.models.nugget.compressor import NuggetScorer, chat_template_parts
+    from decodebench.models.nugget.compressor import chat_template_parts
     from decodebench.models.nugget.shipped import git_revision, write_manifest
     from decodebench.models.nugget.training import (
         _learning_rate,
         corpus_record,
+        frozen_model_and_scorer,
         in_batches,
         load_resume,
         save_resume,
@@ -156,11 +156,7 @@ def train_span_scorer(
         f"samples, {len(held_docs)} held out; {sum(map(len, spans_of.values()))} answer-worthy spans"
     )
     torch.manual_seed(settings.seed)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
-    for parameter in model.parameters():
-        parameter.requires_grad_(False)
-    scorer = NuggetScorer(model.config.hidden_size, settings.layer, settings.feature_norm).to(device)
+    tokenizer, model, scorer = frozen_model_and_scorer(model_path, settings, device)
     optimizer = torch.optim.AdamW(
         scorer.parameters(), lr=settings.lr, betas=(0.9, 0.95), eps=1e-5, weight_decay=settings.weight_decay
     )

@@ -417,9 +417,9 @@ def training_device(name: str | None = None) -> torch.device:
     return device
 
 
-def trainable_parts(model_path: str, settings: TrainingSettings, device: torch.device):
-    """(tokenizer, model, scorer, adapters): the frozen model in float32 on ``device``, a fresh scorer over its
-    layer ``settings.layer`` and fresh adapters (``settings``' targets and dropout) with the soft token."""
+def frozen_model_and_scorer(model_path: str, settings: TrainingSettings, device: torch.device):
+    """(tokenizer, model, scorer): the frozen model in float32 on ``device`` and a fresh scorer over its layer
+    ``settings.layer`` (what both objectives train: the paper's, and the answer-span scorer's)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -428,10 +428,17 @@ def trainable_parts(model_path: str, settings: TrainingSettings, device: torch.d
         parameter.requires_grad_(False)
     if not 0 <= settings.layer <= model.config.num_hidden_layers:
         raise ValueError(f"layer must be in 0..{model.config.num_hidden_layers}, got {settings.layer}")
+    scorer = NuggetScorer(model.config.hidden_size, settings.layer, settings.feature_norm).to(device)
+    return tokenizer, model, scorer
+
+
+def trainable_parts(model_path: str, settings: TrainingSettings, device: torch.device):
+    """(tokenizer, model, scorer, adapters): ``frozen_model_and_scorer`` and fresh adapters (``settings``' targets and
+    dropout) with the soft token."""
+    tokenizer, model, scorer = frozen_model_and_scorer(model_path, settings, device)
     missing = missing_modules(model, settings.adapter_targets())
     if missing:
         raise ValueError(f"lora_targets: this model has no {missing} (its projections: {projections(model)})")
-    scorer = NuggetScorer(model.config.hidden_size, settings.layer, settings.feature_norm).to(device)
     # peft puts each adapter on its base layer's device; the soft token starts from the (moved) embeddings
     adapters = NuggetAdapters(model, settings.rank, targets=settings.adapter_targets(), dropout=settings.lora_dropout)
     return tokenizer, model, scorer, adapters
