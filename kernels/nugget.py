@@ -12,7 +12,8 @@ keys are cached after the rotary embedding, each nugget keeps its original posit
 - ``delimiter_scores`` / ``position_scores``: scores of the training-free selectors (the
   paper's section 7.1 finds that its learned selector mostly picks punctuation and delimiters);
   ``salience_scores``: a training-free peer of ours, names and numbers and then surprise, whole words
-  (``whole_word_scores``: a word scored as its best token, so that it is kept whole or not at all);
+  (a word scored as its best token, so that it is kept whole or not at all); ``span_scores``: an answer-span
+  scorer's logits read as a tagger's, whole predicted spans kept, each text once;
   ``question_overlap_scores``: a query-aware one, the sentences that share the question's words first;
 - ``straight_through_bias``: eq. 18's ``s - StopGrad(s)``, zero in the forward pass, which
   carries the gradient of the attention logits to the scores when training the selector.
@@ -108,41 +109,85 @@ def delimiter_scores(token_texts: list[str]) -> torch.Tensor:
 SALIENT_FIRST = 1e4
 
 
-def _word_starts(token_texts: list[str]) -> torch.Tensor:
+def _word_starts(token_texts: list[str], whole_numbers: bool = False) -> torch.Tensor:
     """Which tokens [n] start a word: those that start with a space or a non-alphanumeric character, or follow one
-    that ended with one."""
-    return torch.tensor(
+    that ended with one; with ``whole_numbers``, a "," or "." between digits and the digits after it do not ("55,000"
+    and "3.5" are one word each)."""
+    starts = torch.tensor(
         [
             i == 0 or not text[:1].isalnum() or not token_texts[i - 1][-1:].isalnum()
             for i, text in enumerate(token_texts)
         ],
         dtype=torch.long,
     )
+    if whole_numbers:
+        for i in range(1, len(token_texts) - 1):
+            if token_texts[i] in (",", ".") and token_texts[i - 1][-1:].isdigit() and token_texts[i + 1][:1].isdigit():
+                starts[i] = starts[i + 1] = 0
+    return starts
 
 
-def word_index(token_texts: list[str]) -> torch.Tensor:
-    """Each token's word [n] (0, 1, ...), words as ``_word_starts`` finds them."""
-    return torch.cumsum(_word_starts(token_texts), 0) - 1
+def _best_per_group(group: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """Each group's highest score [groups] (``group`` [n]: each token's word or span, 0, 1, ..., ascending)."""
+    return torch.full((int(group[-1]) + 1,), -math.inf).scatter_reduce(0, group, scores.float().cpu(), "amax")
 
 
 def _best_of_word(word: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-    """Each token's word's highest score [n] (``word``: ``word_index``)."""
+    """Each token's word's highest score [n] (``word``: each token's word, 0, 1, ...)."""
+    return _best_per_group(word, scores)[word] if len(word) else scores.float()
+
+
+# the logit above which an answer-span scorer's word joins its neighbours in a span: probability 0.05 (a word the
+# scorer gives even a small chance of belonging to a span; chosen on 500 SQuAD dev questions outside squad_mini,
+# where whole-answer-kept was flat from logit -2 to -5)
+SPAN_LOGIT = math.log(0.05 / 0.95)
+# a span whose text came earlier ranks below every first mention (logits stay far above -this)
+REPEATED_LAST = 1e4
+
+
+def span_scores(token_texts: list[str], logits: torch.Tensor, threshold: float = SPAN_LOGIT) -> torch.Tensor:
+    """An answer-span scorer's per-token logits [n] (``--recipe answer-spans``) read as the tagger it was trained as
+    (ours, not the paper's method): whole predicted spans kept, each text once.
+
+    1. words as ``_word_starts`` finds them, numbers whole ("55,000"), each scored as its best token's logit;
+    2. a span: a maximal run of words above ``threshold``, each after a plain space (a line break or punctuation ends
+       one; "Kelvin Benjamin", "November 2006"), scored as its best word, so that it is kept whole;
+    3. a span (or a word outside any) whose lower-cased text came earlier in the document ranks after every first
+       mention (``REPEATED_LAST``): a second "Genghis Khan" adds no answer the first did not hold.
+
+    Returns [n], every token its span's score (``select_topk`` keeps spans whole but for the last one the budget
+    reaches)."""
+    word = torch.cumsum(_word_starts(token_texts, whole_numbers=True), 0) - 1
     if not len(word):
-        return scores.float()
-    best = torch.full((int(word[-1]) + 1,), -math.inf).scatter_reduce(0, word, scores.float().cpu(), "amax")
-    return best[word]
-
-
-def whole_word_scores(token_texts: list[str], scores: torch.Tensor) -> torch.Tensor:
-    """Every token scored as its word's best token [n], so that ``select_topk`` keeps words whole (but for the last
-    one the budget reaches): a name or number is kept as a whole or not at all."""
-    return _best_of_word(word_index(token_texts), scores)
+        return logits.float()
+    words = int(word[-1]) + 1
+    word_logit = _best_per_group(word, logits)
+    word_text = [""] * words
+    for index, text in zip(word.tolist(), token_texts, strict=True):
+        word_text[index] += text
+    tagged = (word_logit > threshold).tolist()
+    starts = [
+        w == 0 or not (tagged[w] and tagged[w - 1] and word_text[w][:1] == " " and "\n" not in word_text[w])
+        for w in range(words)
+    ]
+    span = torch.cumsum(torch.tensor(starts, dtype=torch.long), 0) - 1
+    score = _best_per_group(span, word_logit)
+    span_text = [""] * len(score)
+    for index, text in zip(span.tolist(), word_text, strict=True):
+        span_text[index] += text
+    seen: set[str] = set()
+    for index, text in enumerate(span_text):
+        key = text.strip().lower()
+        if key in seen:
+            score[index] -= REPEATED_LAST
+        seen.add(key)
+    return score[span[word]]
 
 
 def salience_scores(token_texts: list[str], surprisal: torch.Tensor) -> torch.Tensor:
     """A training-free peer that keeps what questions tend to ask for (not from the paper): whole words, names and
     numbers first (a word whose first letter or digit is a capital or a digit), then by surprisal, the largest
-    ``-log p`` of a word's tokens under the model. Every token of a word gets its word's score (``word_index``), so a
+    ``-log p`` of a word's tokens under the model. Every token of a word gets its word's score, so a
     word is kept whole (but for the last one the budget reaches); ``surprisal`` [n] holds each token's -log p given
     the tokens before it."""
     starts = _word_starts(token_texts)

@@ -8,7 +8,7 @@ which tokens it keeps in both layouts ``--model nugget`` offers (one scoring pas
 tokens in both): only the document compressed, the opening kept whole (``wrapper=kept``, the authors' layout and
 the default), and the opening compressed with the document (``wrapper=compressed``, the nugget study's): the
 paper's method as shipped (``selector=trained``: its scorer, the checkpoint for that ratio), the answer-span
-scorer (``selector=answer-spans``, ours: trained toward marked terms, names and numbers, whole words), the delimiter
+scorer (``selector=answer-spans``, ours: trained toward marked terms, names and numbers, whole spans), the delimiter
 stand-in, the salience peer (names and numbers, then surprisal, whole words), the question-overlap peer (the sentences
 sharing most words with the question first, salience within them), truncation, StreamingLLM and query-aware
 attention. A question's answer counts as kept when every

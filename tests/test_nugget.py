@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from decodebench.kernels.nugget import (
+    REPEATED_LAST,
     check_ratio,
     content_words,
     delimiter_scores,
@@ -17,9 +18,8 @@ from decodebench.kernels.nugget import (
     question_overlap_scores,
     salience_scores,
     select_topk,
+    span_scores,
     straight_through_bias,
-    whole_word_scores,
-    word_index,
 )
 
 
@@ -305,19 +305,27 @@ def test_on_the_embedded_model_a_batch_of_4_answers_as_batch_1(embedded_checkpoi
     assert stats["1"]["selector"].startswith("the paper's nugget: trained scorer + LoRA encoder/decoder")
 
 
-def test_whole_word_scores_give_every_token_its_words_best_score():
-    texts = ["The", " Hudson", "ville", " river", ",", " 19", "58", "."]
-    assert word_index(texts).tolist() == [0, 1, 1, 2, 3, 4, 4, 5]
-    scores = torch.tensor([0.1, -1.0, 2.0, 0.5, 3.0, 0.2, -0.4, 0.0])
-    assert whole_word_scores(texts, scores).tolist() == pytest.approx([0.1, 2.0, 2.0, 0.5, 3.0, 0.2, 0.2, 0.0])
-    indices, _ = select_topk(whole_word_scores(texts, scores)[None], torch.tensor([8]), 8 / 3, force_last=False)
-    assert indices[0].tolist() == [1, 2, 4]  # "Hudsonville" whole, then the comma
+def test_span_scores_keep_predicted_spans_whole_and_each_text_once():
+    texts = ["Kel", "vin", " Benjamin", " tore", " his", " AC", "L", " in", " 55", ",", "000", ",", " Kelvin"]
+    texts += [" Benjamin", " said", ".\n", "Benjamin"]
+    logits = torch.tensor([4.0, -9.0, 1.0, -6.0, -8.0, 3.0, 0.5, -8.0, 2.0, -9.0, -9.0, -9.0, 5.0, 5.0, -5.0, -9, 6.0])
+    scores = span_scores(texts, logits)
+    # "Kelvin Benjamin": one span, its best word's logit; "ACL" one word; "55,000" one word, the comma after it not
+    assert scores[:3].tolist() == [4.0] * 3 and scores[5:7].tolist() == [3.0] * 2 and scores[8:11].tolist() == [2.0] * 3
+    assert scores[11] == -9.0 and scores[3] == -6.0
+    # "his" (-8) is below the threshold: "tore his" stays two words, "in" a word of its own
+    assert scores[4] == -8.0 and scores[7] == -8.0
+    # the second "Kelvin Benjamin" ranks after every first mention; "Benjamin" after a line break is a span of its own
+    assert scores[12:14].tolist() == [5.0 - REPEATED_LAST] * 2 and scores[16] == 6.0
+    indices, _ = select_topk(scores[None], torch.tensor([17]), 17 / 9, force_last=False)
+    assert indices[0].tolist() == [0, 1, 2, 5, 6, 8, 9, 10, 16]  # whole spans, best first; no repeat
+    assert span_scores([], torch.zeros(0)).tolist() == []
 
 
 @pytest.mark.slow
 @pytest.mark.model
 def test_the_shipped_answer_span_scorer_runs_on_the_embedded_model_at_both_ratios(embedded_checkpoint):
-    """``selector=answer-spans``: the file its manifest names, whole words kept, the opening kept whole, one scorer for
+    """``selector=answer-spans``: the file its manifest names, whole spans kept, the opening kept whole, one scorer for
     ratio 5 and 10 (its quality: docs/nugget-study-peers.md)."""
     from decodebench.models.nugget import Nugget
     from decodebench.models.nugget.shipped import shipped_span_scorer, verify
@@ -340,8 +348,9 @@ def test_the_shipped_answer_span_scorer_runs_on_the_embedded_model_at_both_ratio
         indices, _ = select_topk(scores[None], torch.tensor([n]), ratio, kept_whole=torch.tensor([opening]))
         kept = set(indices[0].tolist())
         assert set(range(opening)) <= kept and len(kept) == opening + -(-(n - opening) // ratio)
-        words = word_index([model.tokenizer.decode([t]) for t in prompt[:n]]).tolist()
-        broken = {words[i] for i in kept} & {words[i] for i in range(n) if i not in kept}
-        assert len(broken) <= 1  # whole words, but for the last one the budget reaches
+        # every span (its tokens share its score) kept whole, but for the last one the budget reaches
+        dropped = {float(scores[i]) for i in range(n) if i not in kept}
+        broken = {float(scores[i]) for i in kept if i >= opening} & dropped
+        assert len(broken) <= 1
         summary = model.method.summarize([])
         assert summary["checkpoint_sha256"] == verify(shipped_span_scorer(), required=True)["sha256"]

@@ -10,7 +10,8 @@ A selector scores the document's ``n`` tokens; ``kernels.nugget.select_topk`` ke
   ablation on the frozen model);
 - ``AnswerSpanSelector``: ours, beside the paper's method: a scorer trained toward the spans questions ask for
   (``decodebench train-nugget --recipe answer-spans``, models/nugget/span_training.py; ``selector=answer-spans``:
-  the one shipped for the embedded model, any ratio), whole words kept, the nuggets the frozen model's own states;
+  the one shipped for the embedded model, any ratio), read as a tagger: whole predicted spans kept, each text once
+  (``kernels.nugget.span_scores``), the nuggets the frozen model's own states;
 - ``DelimiterSelector``: training-free and query-independent like the paper's scorer: delimiters
   first, what the paper's section 7.1 finds its trained scorer picks; a stand-in, not the method;
 - ``SalienceSelector``: training-free and query-independent too, but after what questions ask for: whole words,
@@ -42,7 +43,7 @@ from decodebench.kernels.nugget import (
     position_scores,
     question_overlap_scores,
     salience_scores,
-    whole_word_scores,
+    span_scores,
 )
 from decodebench.models.nugget.compressor import chat_template_parts
 from decodebench.models.nugget.config import NuggetConfig
@@ -252,7 +253,7 @@ class AnswerSpanSelector(CheckpointSelector):
     def label(self) -> str:  # type: ignore[override]
         return (
             "answer-span scorer (ours, not the paper's method: trained toward the terms, names and numbers questions "
-            f"ask for; whole words, the frozen model's states; {self.path.name})"
+            f"ask for; whole predicted spans, each text once; the frozen model's states; {self.path.name})"
         )
 
     def setup(self, lm) -> None:
@@ -260,7 +261,7 @@ class AnswerSpanSelector(CheckpointSelector):
         self.scorer = self.checkpoint.scorer().to(lm.device)
 
     def scores(self, lm, document, tail):
-        return whole_word_scores(self.token_texts(lm, document), self.scorer.score(lm.model, document))
+        return span_scores(self.token_texts(lm, document), self.scorer.score(lm.model, document))
 
 
 # -- the attention a question pays to the document, one layer at a time -------------------------

@@ -18,8 +18,8 @@ document; each document token's target is 1 where it overlaps a marked span. The
 feed-forward net over layer 3 of the frozen model, through its final norm as in the authors' library); the loss is
 binary cross-entropy per document token; AdamW with weight decay, warm-up then cosine, ``accumulate`` entries a
 step in one padded forward pass. The checkpoint holds the scorer alone: its nuggets are the frozen model's own
-key/value states (no adapters), its selection whole words (``whole_word_scores``), and one scorer serves every
-ratio (``selector=answer-spans``).
+key/value states (no adapters), its selection whole predicted spans, each text once (``span_scores``), and one
+scorer serves every ratio (``selector=answer-spans``).
 """
 
 from __future__ import annotations
