@@ -29,14 +29,13 @@ class NuggetConfig(MethodConfig):
     ratio: float = option(10.0, "compression ratio r: the document keeps ceil(n / r) of its n tokens")
     selector: str = option(
         "trained",
-        "trained (the paper's method: the compressor shipped for the embedded model at this ratio, 5 or 10), the "
-        "path of a checkpoint from `decodebench train-nugget` (the paper's method, for any model), answer-spans (ours: "
-        "a scorer trained toward the terms, names and numbers questions ask for, whole predicted spans each once, any ratio), or a "
-        "training-free "
-        "selector: delimiter (training-free, query-independent stand-in), salience (training-free peer: names and "
-        "numbers, then surprisal, whole words), question-overlap (training-free query-aware peer: the sentences "
-        "sharing most words with the question first), query-attention (query-aware peer, SnapKV's kin), streaming, "
-        "truncation, full",
+        "trained (the paper's method: the compressor shipped for the embedded model at this ratio, 5 or 10), the path"
+        " of a checkpoint from `decodebench train-nugget` (the paper's method, for any model), answer-spans (ours: a "
+        "scorer trained toward the terms, names and numbers questions ask for, whole predicted spans each once, any "
+        "ratio), or a training-free selector: delimiter (training-free, query-independent stand-in), salience "
+        "(training-free peer: names and numbers, then surprisal, whole words), question-overlap (training-free "
+        "query-aware peer: the sentences sharing most words with the question first), query-attention (query-aware "
+        "peer, SnapKV's kin), streaming, truncation, full",
     )
     adapters: bool = option(
         True,
