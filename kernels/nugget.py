@@ -145,7 +145,17 @@ SPAN_LOGIT = math.log(0.05 / 0.95)
 REPEATED_LAST = 1e4
 
 
-def span_scores(token_texts: list[str], logits: torch.Tensor, threshold: float = SPAN_LOGIT) -> torch.Tensor:
+def _joined(group: list[int], texts: list[str]) -> list[str]:
+    """Each group's text, its members' ``texts`` joined in order (``group``: each member's group, 0, 1, ...)."""
+    joined = [""] * (group[-1] + 1 if group else 0)
+    for index, text in zip(group, texts, strict=True):
+        joined[index] += text
+    return joined
+
+
+def span_scores(
+    token_texts: list[str], logits: torch.Tensor, threshold: float = SPAN_LOGIT, repeats_last: bool = True
+) -> torch.Tensor:
     """An answer-span scorer's per-token logits [n] (``--recipe answer-spans``) read as the tagger it was trained as
     (ours, not the paper's method): whole predicted spans kept, each text once.
 
@@ -153,32 +163,27 @@ def span_scores(token_texts: list[str], logits: torch.Tensor, threshold: float =
     2. a span: a maximal run of words above ``threshold``, each after a plain space (a line break or punctuation ends
        one; "Kelvin Benjamin", "November 2006"), scored as its best word, so that it is kept whole;
     3. a span (or a word outside any) whose lower-cased text came earlier in the document ranks after every first
-       mention (``REPEATED_LAST``): a second "Genghis Khan" adds no answer the first did not hold.
+       mention (``REPEATED_LAST``): a second "Genghis Khan" adds no answer the first did not hold (``repeats_last``:
+       False leaves repeats where their logits put them, for studies/span_threshold.py's ablation).
 
     Returns [n], every token its span's score (``select_topk`` keeps spans whole but for the last one the budget
     reaches)."""
     word = torch.cumsum(_word_starts(token_texts, whole_numbers=True), 0) - 1
     if not len(word):
         return logits.float()
-    words = int(word[-1]) + 1
     word_logit = _best_per_group(word, logits)
-    word_text = [""] * words
-    for index, text in zip(word.tolist(), token_texts, strict=True):
-        word_text[index] += text
+    word_text = _joined(word.tolist(), token_texts)
     tagged = (word_logit > threshold).tolist()
     starts = [
-        w == 0 or not (tagged[w] and tagged[w - 1] and word_text[w][:1] == " " and "\n" not in word_text[w])
-        for w in range(words)
+        w == 0 or not (tagged[w] and tagged[w - 1] and text[:1] == " " and "\n" not in text)
+        for w, text in enumerate(word_text)
     ]
     span = torch.cumsum(torch.tensor(starts, dtype=torch.long), 0) - 1
     score = _best_per_group(span, word_logit)
-    span_text = [""] * len(score)
-    for index, text in zip(span.tolist(), word_text, strict=True):
-        span_text[index] += text
     seen: set[str] = set()
-    for index, text in enumerate(span_text):
+    for index, text in enumerate(_joined(span.tolist(), word_text)):
         key = text.strip().lower()
-        if key in seen:
+        if key in seen and repeats_last:
             score[index] -= REPEATED_LAST
         seen.add(key)
     return score[span[word]]

@@ -82,24 +82,7 @@ def collect(folder: Path, argv: list[str], args) -> None:
         )
         method = lm.method
         for record, doc in zip(records, tqdm(docs, desc=f"{name} @ {ratio:g}"), strict=True):
-            prompt = lm.apply_chat_template([{"role": "user", "content": task.doc_to_text(doc)}])
-            ids = lm.tok_batch_encode([prompt])[0][0].tolist()
-            encoded = lm.tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
-            if encoded["input_ids"] != ids:
-                raise ValueError(f"question {record['doc_id']}: its offsets are not those of the tokens lm_eval sent")
-            n = method.split_point(lm, ids)
-            opening = method.opening_length(lm, ids, n)  # the method's default: wrapper=kept
-            answer = answer_tokens(
-                encoded["offset_mapping"],
-                prompt,
-                doc["context"],
-                doc["answers"]["answer_start"][0],
-                doc["answers"]["text"][0],
-            )
-            if not answer or answer[-1] >= n:
-                raise ValueError(f"question {record['doc_id']}: its answer is not inside the document")
-            if answer[0] < opening:
-                raise ValueError(f"question {record['doc_id']}: its answer starts inside the template's opening")
+            ids, n, opening, answer = split_question(lm, task, doc, record["doc_id"])
             record.update(document_tokens=n, opening_tokens=opening, answer_tokens=len(answer))
             with torch.inference_mode():
                 scores = method.selector.scores(lm, torch.tensor([ids[:n]], device=lm.device), ids[n:])
@@ -123,6 +106,27 @@ def collect(folder: Path, argv: list[str], args) -> None:
         {key: {"kept": sum(c.values()), "top": c.most_common(TOP_TYPES)} for key, c in sorted(kept_types.items())},
     )
     record_run(folder, __file__, argv, started)
+
+
+def split_question(lm, task, doc: dict, doc_id) -> tuple[list[int], int, int, list[int]]:
+    """A SQuAD question's prompt as lm_eval sends it (``--apply_chat_template``) to ``--model nugget`` (``lm``): its
+    tokens, where the document ends (``n``), the opening kept whole (``wrapper=kept``, the default), and the indices
+    of the document tokens overlapping the first reference answer."""
+    method = lm.method
+    prompt = lm.apply_chat_template([{"role": "user", "content": task.doc_to_text(doc)}])
+    ids = lm.tok_batch_encode([prompt])[0][0].tolist()
+    encoded = lm.tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
+    if encoded["input_ids"] != ids:
+        raise ValueError(f"question {doc_id}: its offsets are not those of the tokens lm_eval sent")
+    n = method.split_point(lm, ids)
+    opening = method.opening_length(lm, ids, n)
+    start, text = doc["answers"]["answer_start"][0], doc["answers"]["text"][0]
+    answer = answer_tokens(encoded["offset_mapping"], prompt, doc["context"], start, text)
+    if not answer or answer[-1] >= n:
+        raise ValueError(f"question {doc_id}: its answer is not inside the document")
+    if answer[0] < opening:
+        raise ValueError(f"question {doc_id}: its answer starts inside the template's opening")
+    return ids, n, opening, answer
 
 
 def selector_runs(selectors: list[str], checkpoints: list[str]) -> list[tuple[str, str, float, list[float]]]:
