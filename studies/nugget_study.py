@@ -26,6 +26,8 @@ from them alone.
 from __future__ import annotations
 
 import argparse
+import functools
+import hashlib
 import json
 import math
 import shutil
@@ -140,6 +142,19 @@ class Row:
             self.ttft[task], self.kv_bytes[task] = ttft, kv
 
 
+@functools.cache
+def method_code() -> str:
+    """sha256 of the nugget method's source as installed (its kernels and its model folder), in path order."""
+    import decodebench.kernels.nugget as kernels
+    import decodebench.models.nugget as method
+
+    files = [Path(kernels.__file__), *sorted(Path(method.__file__).parent.glob("*.py"))]
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def run_lm_eval(
     out: Path,
     name: str,
@@ -150,10 +165,11 @@ def run_lm_eval(
     weights: str | None = None,
     wrapper: str = "kept",
 ):
-    """One lm_eval run (reused when a finished one is under ``out``: delete its folder to redo it). A run of a
-    trained checkpoint is kept under its sha256 (``weights``), so retrained weights are never answered by an old
-    run; a compressed run under its layout (``wrapper``)."""
-    folder = out / folder_name(name, ratio) / f"{task}-limit{limit or 'all'}-batch{batch}"
+    """One lm_eval run (reused when a finished one is under ``out``: delete its folder to redo it). A run is kept
+    under the sha256 of the method's code (``method_code``) and, of a trained checkpoint, of its weights
+    (``weights``), so neither changed selection code nor retrained weights are ever answered by an old run; a
+    compressed run under its layout (``wrapper``)."""
+    folder = out / folder_name(name, ratio) / f"{task}-limit{limit or 'all'}-batch{batch}-code{method_code()[:12]}"
     if ratio:
         folder = folder.with_name(f"{folder.name}-wrapper-{wrapper}")
     if weights:
@@ -706,7 +722,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out",
         default=str(common.REPO / "results" / "nugget-study"),
-        help="lm_eval output folder (finished quality runs are reused; default results/nugget-study)",
+        help=(
+            "lm_eval output folder (finished quality runs are reused while the method's code and weights are "
+            "unchanged; default results/nugget-study)"
+        ),
     )
     parser.add_argument(
         "--limit",

@@ -133,3 +133,25 @@ def test_nugget_kept_gates_a_checkpoint_beside_the_built_in_selectors(tmp_path):
     assert types["truncation@5"]["kept"] > types["truncation@10"]["kept"]
     section = doc.read_text().split("## What each selector keeps of the documents")[1].split("\n## ")[0]
     assert f"| {path.stem} | 5 | {types['trained@5']['kept']} |" in section
+
+
+def test_nugget_study_reuses_a_kept_run_only_for_the_same_method_code(tmp_path, monkeypatch):
+    nugget_study = importlib.import_module("nugget_study")
+    made = []
+
+    class Run:  # stands in for lm_eval: records that a run was asked for and leaves its results file
+        def __init__(self, folder):
+            self.folder = folder
+
+        def run_or_raise(self, what):
+            made.append(self.folder)
+            (self.folder / "model").mkdir(parents=True)
+            (self.folder / "model" / "results_1.json").write_text("{}")
+            return self.folder / "model" / "results_1.json"
+
+    monkeypatch.setattr(nugget_study, "nugget_run", lambda name, ratio, task, folder, **options: Run(folder))
+    assert len(nugget_study.method_code()) == 64
+    first = nugget_study.run_lm_eval(tmp_path, "salience", 5, "squad_mini", None, 8)
+    assert nugget_study.run_lm_eval(tmp_path, "salience", 5, "squad_mini", None, 8) == first and len(made) == 1
+    monkeypatch.setattr(nugget_study, "method_code", lambda: "f" * 64)  # the selection code changed since
+    assert nugget_study.run_lm_eval(tmp_path, "salience", 5, "squad_mini", None, 8) != first and len(made) == 2
