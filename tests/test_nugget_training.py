@@ -553,7 +553,7 @@ def test_the_answer_span_scorer_learns_resumes_and_runs_as_a_selector_for_every_
 ):
     from decodebench.models.nugget import Nugget
     from decodebench.models.nugget.selectors import AnswerSpanSelector
-    from decodebench.models.nugget.span_training import OBJECTIVE, train_span_scorer
+    from decodebench.models.nugget.span_training import OBJECTIVE, USED_SETTINGS, train_span_scorer
     from decodebench.models.nugget.training_settings import ANSWER_SPANS_RECIPE
 
     settings = replace(
@@ -582,6 +582,13 @@ def test_the_answer_span_scorer_learns_resumes_and_runs_as_a_selector_for_every_
     held_out = checkpoint.training["held_out"]
     assert [step for step, _ in held_out] == [0, 10, 20] and held_out[-1][1] < held_out[0][1], held_out
     assert checkpoint.training["objective"] == OBJECTIVE and not checkpoint.has_adapters and checkpoint.feature_norm
+    assert set(checkpoint.training["settings"]) == set(USED_SETTINGS)  # not the paper trainer's ratio or adapters
+    # its resume file is kept: a setting it uses, changed, is refused by name; one it does not use changes nothing
+    with pytest.raises(ValueError, match=r"other settings \{'lr': \(0\.001, 0\.002\)\}"):
+        train_span_scorer(str(tiny_checkpoint), out, replace(settings, lr=0.002), corpus=corpus, progress=False)
+    again = []
+    train_span_scorer(str(tiny_checkpoint), out, replace(settings, ratio=7.0), corpus=corpus, log=again.append)
+    assert any("resuming from step 20" in m for m in again)
     document = "The river Alder flows past Hudsonville. It reopened on Monday, 3 March 1958, after a flood. " * 3
     question = f"{document}\n\nWhat reopened?"
     request = SimpleNamespace(task_name="t", doc_id=0, idx=0, args=(question, {"until": [], "max_gen_toks": 4}))

@@ -41,6 +41,22 @@ SEPARATOR = "\n\n"  # what ends a document in every task's prompt (``--model nug
 # a word: letters and digits, with inner apostrophes, hyphens and dots ("O'Reilly", "X-Window", "4.4.7")
 WORD = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9'.\-]*[A-Za-z0-9])?")
 OPENS_SENTENCE = '.!?:"“(\n'
+# the TrainingSettings this trainer reads (``accumulate``: entries a step); the rest (adapters, ratio, continuation)
+# belong to the paper's trainer and are neither used nor recorded here
+USED_SETTINGS = (
+    "steps",
+    "accumulate",
+    "context",
+    "lr",
+    "warmup",
+    "weight_decay",
+    "layer",
+    "feature_norm",
+    "seed",
+    "held_out_windows",
+    "eval_every",
+    "save_every",
+)
 # entries shorter than this (a cross-reference alone, "See {foo}.") teach little about a document's context
 MIN_CHARACTERS = 200
 
@@ -123,9 +139,8 @@ def train_span_scorer(
     command: str = "decodebench train-nugget --recipe answer-spans (from Python)",
     device: str | None = None,
 ) -> Path:
-    """Train (or resume) the answer-span scorer and save it at ``out`` with its manifest (as ``train`` does); the
-    settings used: ``steps``, ``accumulate`` (entries a step), ``context``, ``lr``, ``warmup``, ``weight_decay``,
-    ``layer``, ``feature_norm``, ``seed``, ``held_out_windows``, ``eval_every``, ``save_every``."""
+    """Train (or resume) the answer-span scorer and save it at ``out`` with its manifest (as ``train`` does); of
+    ``settings`` it uses (and records) only ``USED_SETTINGS``."""
     from tqdm import tqdm
 
     from decodebench.models.nugget.checkpoint import model_identity, save_checkpoint
@@ -175,11 +190,12 @@ def train_span_scorer(
         return float(torch.cat(losses).mean())
 
     rng = random.Random(settings.seed)
-    record = {"settings": asdict(settings), "objective": OBJECTIVE, "corpus": corpus_name, "losses": [], "held_out": []}
+    used = {key: value for key, value in asdict(settings).items() if key in USED_SETTINGS}
+    record = {"settings": used, "objective": OBJECTIVE, "corpus": corpus_name, "losses": [], "held_out": []}
     start = 0
     parts = {"scorer": scorer, "optimizer": optimizer, "schedule": schedule}
     if resume_path.is_file():
-        start = load_resume(resume_path, settings, parts, rng, record)
+        start = load_resume(resume_path, parts, rng, record)
         log(f"resuming from step {start} ({resume_path})")
     else:
         record["held_out"].append([0, held_out()])
@@ -194,7 +210,7 @@ def train_span_scorer(
         torch.nn.utils.clip_grad_norm_(scorer.parameters(), 1.0)
         optimizer.step()
         schedule.step()
-        record["losses"].append(float(loss))
+        record["losses"].append(float(loss.detach()))
         bar.update(1)
         bar.set_postfix(loss=f"{sum(record['losses'][-20:]) / len(record['losses'][-20:]):.4f}")
         done = step + 1

@@ -508,7 +508,7 @@ def train(
     start = 0
     parts = {"scorer": scorer, "adapters": adapters, "optimizer": optimizer, "schedule": schedule}
     if resume_path.is_file():
-        start = load_resume(resume_path, settings, parts, rng, record)
+        start = load_resume(resume_path, parts, rng, record)
         log(f"resuming from step {start} ({resume_path})")
     else:
         held = held_out_loss(model, scorer, adapters, held_windows, settings.ratio, micro_batch)
@@ -573,9 +573,10 @@ def save_resume(path: Path, step: int, parts: dict, rng, record: dict) -> None:
     os.replace(partial, path)
 
 
-def load_resume(path: Path, settings, parts: dict, rng, record: dict) -> int:
-    """Restore ``parts``, the generators and ``record`` from a resume file of a run with the same settings (and
-    objective, ``record["objective"]``); returns the step it had reached."""
+def load_resume(path: Path, parts: dict, rng, record: dict) -> int:
+    """Restore ``parts``, the generators and ``record`` from a resume file of a run with the same settings (those
+    the run records, ``record["settings"]``) and objective (``record["objective"]``); returns the step it had
+    reached."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain values only
         saved = json.loads(state["record"])
@@ -589,8 +590,13 @@ def load_resume(path: Path, settings, parts: dict, rng, record: dict) -> int:
             f"{path} was made by a run training another objective ({saved.get('objective') or 'the paper'}'s); "
             "give another --out"
         )
-    if saved["settings"] != asdict(settings):
-        changed = {k: (v, asdict(settings)[k]) for k, v in saved["settings"].items() if asdict(settings).get(k) != v}
+    if saved["settings"] != record["settings"]:
+        now = record["settings"]
+        changed = {
+            k: (saved["settings"].get(k), now.get(k))
+            for k in sorted({*saved["settings"], *now})
+            if saved["settings"].get(k) != now.get(k)
+        }
         raise ValueError(
             f"{path} was made with other settings {changed} (saved, now); rerun with the same settings to resume, "
             "or give another --out"
