@@ -5,10 +5,10 @@ questions that squad_mini does not hold (the evaluation's 500 are left out, so t
 
 Draws ``--questions`` of SQuAD v1.1 dev's 10,570 questions outside squad_mini (seeded; the data pack's
 ``squad/validation.jsonl``), splits each as ``--model nugget`` does (studies/nugget_kept.py), scores its document
-once with the shipped answer-span scorer, and prints, for every threshold and with and without the repeat rule
-(``kernels.nugget.span_scores``), the share of questions whose whole first reference answer is kept at ratios 5 and
-10 (only the document compressed, the opening kept whole), with 95% Wilson intervals. A threshold of +inf joins no
-words into spans (single whole words, numbers whole).
+once with the answer-span scorer (the shipped one, or ``--scorer PATH``), and prints, for every threshold and with
+and without the repeat rule (``kernels.nugget.span_scores``), the share of questions whose whole first reference
+answer is kept at ratios 5 and 10 (only the document compressed, the opening kept whole), with 95% Wilson
+intervals. A threshold of +inf joins no words into spans (single whole words, numbers whole).
 """
 
 from __future__ import annotations
@@ -39,6 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, required=True, help="the data pack (its squad/validation.jsonl)")
     parser.add_argument("--questions", type=int, default=500, help="questions drawn (default 500)")
     parser.add_argument("--seed", type=int, default=SEED, help=f"the draw's seed (default {SEED})")
+    parser.add_argument(
+        "--scorer",
+        default="answer-spans",
+        help="the answer-span scorer: a checkpoint of train-nugget --recipe answer-spans (default: the shipped one)",
+    )
     args = parser.parse_args(argv)
 
     import common
@@ -50,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     from decodebench.stats import wilson_interval
 
     task, _ = common.task_docs("squad_mini", 1)  # its prompt (doc_to_text) is every SQuAD task's
-    lm = get_model("nugget").create_from_arg_string("pretrained=embedded,selector=answer-spans,device=cpu")
+    lm = get_model("nugget").create_from_arg_string(f"pretrained=embedded,selector={args.scorer},device=cpu")
     scorer = lm.method.selector.scorer
     questions = []
     with torch.inference_mode():
