@@ -560,10 +560,11 @@ def span_scorer_lines(folder: Path) -> list[str]:
     manifest = load_json(folder, "span_scorer.json")
     split, held = manifest["corpus_split"], manifest["held_out_loss"]
     return [
-        "- `answer-spans` is ours, not the paper's method (issue 35): the paper's scorer (layer 3, through the final "
-        "norm) trained with a dense loss toward the terms the dictionaries mark as cross-references and the names "
-        "and numbers in them, whole predicted spans kept (each text once), the nuggets the frozen model's own states "
-        f"(no adapters), one scorer for every ratio: `{manifest['file']}` (sha256 {manifest['sha256'][:12]}...), "
+        "- `answer-spans` is ours, not the paper's method (issue 35): the paper's scorer (a feed-forward net over "
+        f"layer {manifest['settings']['layer']} of the frozen model, through its final norm) trained with a dense "
+        "loss toward the terms the dictionaries mark as cross-references and the names and numbers in them, whole "
+        "predicted spans kept (each text once), the nuggets the frozen model's own states (no adapters), one scorer "
+        f"for every ratio: `{manifest['file']}` (sha256 {manifest['sha256'][:12]}...), "
         f"`{manifest['command']}`: "
         f"{manifest['steps']} steps on {manifest['corpus']} ({split['trained_on']} documents; {split['held_out']} "
         f"held out; {split['dropped_for_sharing_text_with_evaluation_samples']} dropped for sharing text with the "

@@ -15,11 +15,13 @@ evaluates on:
 Each window is one dictionary entry laid out as ``--model nugget`` meets a document: the chat template's opening
 (kept whole at test time, not scored), the entry (at most ``context`` tokens), then the blank line that ends a
 document; each document token's target is 1 where it overlaps a marked span. The scorer is the paper's (a
-feed-forward net over layer 3 of the frozen model, through its final norm as in the authors' library); the loss is
-binary cross-entropy per document token; AdamW with weight decay, warm-up then cosine, ``accumulate`` entries a
-step in one padded forward pass. The checkpoint holds the scorer alone: its nuggets are the frozen model's own
-key/value states (no adapters), its selection whole predicted spans, each text once (``span_scores``), and one
-scorer serves every ratio (``selector=answer-spans``).
+feed-forward net over one layer of the frozen model, through its final norm as in the authors' library), reading
+layer 12 by the recipe, not the paper's 3 (whether a word is what a question asks for depends on its context; at
+layer 12 the held-out loss fell to 0.148 against 0.176 at layer 3); the loss is binary cross-entropy per document
+token; AdamW with weight decay, warm-up then cosine, ``accumulate`` entries a step in one padded forward pass. The
+checkpoint holds the scorer alone: its nuggets are the frozen model's own key/value states (no adapters), its
+selection whole predicted spans, each text once (``span_scores``), and one scorer serves every ratio
+(``selector=answer-spans``).
 """
 
 from __future__ import annotations

@@ -34,8 +34,10 @@ AUTHORS_RECIPE = {
 }
 
 # `decodebench train-nugget --recipe answer-spans` (span_training.py; ours, issue 35): the scorer alone, a dense loss
-# toward the spans questions ask for, 16 entries a step; the authors' feature norm and weight decay
+# toward the spans questions ask for, 16 entries a step; the authors' feature norm and weight decay; layer 12 of 30,
+# not the paper's 3: whether a word is what a question asks for depends on its context more than on its spelling
 ANSWER_SPANS_RECIPE = {
+    "layer": 12,
     "steps": 800,
     "accumulate": 16,
     "lr": 1e-3,
