@@ -4,7 +4,7 @@
 
 1. each method against the baseline through the real ``lm_eval``, on CUDA when there is one (lm-eval's default
    device), in rounds whose order alternates (``decodebench compare``'s rounds): the LZ penalty's transformers
-   processor, MTAD's row loop (``draft=context``, greedy), nugget's trained compressor batched (``--batch_size 8``,
+   processor, MTAD's row loop (``draft=context``, greedy), nugget's default compressor batched (``--batch_size 8``,
    against the baseline at batch 8): each method's speed over the baseline's paired per document with its 95%
    bootstrap interval, quality's paired difference, and joules per token on both sides (NVML's counter);
 2. the kernels under ``torch.cuda.set_sync_debug_mode("error")``: the LZ penalty, MTAD's verification and block
@@ -224,7 +224,7 @@ def what_runs() -> list[str]:
 
 def method_tables(folder: Path, run: dict) -> list[str]:
     from decodebench.commands.compare import summarize
-    from decodebench.reports.reader import read_run
+    from decodebench.reports.reader import printable, read_run
     from decodebench.reports.tables import bound_text, p_text
 
     lines = [
@@ -232,6 +232,7 @@ def method_tables(folder: Path, run: dict) -> list[str]:
         "J/token: method / baseline |",
         "|---|---|---:|---|---|---|---|",
     ]
+    ran = []  # what each method ran as, from its results: a default (nugget's selector) may change between runs
     for method_folder in sorted(p for p in Path(folder).iterdir() if p.is_dir()):
         rounds = [
             {side: kept_results(round_folder / side) for side in ("baseline", "method")}
@@ -239,6 +240,9 @@ def method_tables(folder: Path, run: dict) -> list[str]:
         ]
         summary = summarize(rounds)
         energy = {side: [read_run(r[side]) for r in rounds] for side in ("method", "baseline")}
+        method = energy["method"][0]
+        arguments = ", ".join(f"{key}={printable(value)}" for key, value in method.method_args.items())
+        ran.append(f"- {method_folder.name} ({arguments}): {method.method_label}")
         for task, row in summary.items():
             ratio = "not measured"
             if row["speed_ratio"] is not None:
@@ -257,7 +261,7 @@ def method_tables(folder: Path, run: dict) -> list[str]:
             lines.append(
                 f"| {method_folder.name} | {task} | {row['n']} | {ratio} | {metric} | {difference} | {joules} |"
             )
-    return [*lines, ""]
+    return [*lines, "", "What each method ran (its arguments and label, from its results):", "", *ran, ""]
 
 
 def joules_per_token(runs: list, task: str) -> str:

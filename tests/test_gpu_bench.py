@@ -40,6 +40,8 @@ def test_the_gpu_commands_dry_run_runs_through_lm_eval_and_writes_its_page(tmp_p
     assert {row.split(" | ")[1] for row in rows} == {"squad_mini", "cnndm_mini"}
     assert all("x [" in row and "unavailable" in row for row in rows), rows  # a ratio; no energy counter here
     assert "not checked (no CUDA device" in page
+    # which compressor ran, from its results: the default, the answer-span scorer
+    assert "- nugget (ratio=10.0, selector=answer-spans, " in page and "answer-span scorer (ours" in page
     # its data alone renders the same page again
     again = gpu_bench("--from", str(tmp_path / "data" / "gpu"), "--doc", str(doc), cwd=tmp_path)
     assert again.returncode == 0 and doc.read_text() == page, explain(again)

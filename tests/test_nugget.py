@@ -277,7 +277,8 @@ class TestNuggetModel:
 @pytest.mark.model
 def test_on_the_embedded_model_a_batch_of_4_answers_as_batch_1(embedded_checkpoint, tmp_path):
     """squad_mini through the real lm_eval (documents of 37 to 179 tokens: rows of different lengths, padded), the
-    shipped trained compressor (the default selector: adapters and soft token) at ratio 5: the same greedy answers
+    shipped trained compressor (the paper's method, ``selector=trained``: adapters and soft token) at ratio 5, the
+    paths a batch can break that the default answer-span scorer does not take: the same greedy answers
     at --batch_size 4 as at 1, the per-row cache held at decode start at least the row's own, and the results name
     the checkpoint by its manifest's sha256. (12 new tokens: what padding breaks shows from the first; batch 8 and
     cnndm_mini's 700-token articles cost 2x and 4x the time and test nothing more here; the GPU command runs batch 8
@@ -290,7 +291,7 @@ def test_on_the_embedded_model_a_batch_of_4_answers_as_batch_1(embedded_checkpoi
     for batch in ("1", "4"):
         out = tmp_path / f"batch-{batch}"
         lm_eval_in_process(
-            *("--model", "nugget", "--model_args", "pretrained=embedded,ratio=5"),
+            *("--model", "nugget", "--model_args", "pretrained=embedded,ratio=5,selector=trained"),
             *("--tasks", "squad_mini", "--limit", "4", "--batch_size", batch),
             *("--gen_kwargs", "max_gen_toks=12", "--apply_chat_template", "--output_path", str(out), "--log_samples"),
             cwd=tmp_path,
@@ -325,8 +326,9 @@ def test_span_scores_keep_predicted_spans_whole_and_each_text_once():
 @pytest.mark.slow
 @pytest.mark.model
 def test_the_shipped_answer_span_scorer_runs_on_the_embedded_model_at_both_ratios(embedded_checkpoint):
-    """``selector=answer-spans``: the file its manifest names, whole spans kept, the opening kept whole, one scorer for
-    ratio 5 and 10 (its quality: docs/nugget-study-peers.md)."""
+    """``selector=answer-spans``, the default (at ratio 10 it runs unnamed, as ``--model nugget`` does): the file its
+    manifest names, whole spans kept, the opening kept whole, one scorer for ratio 5 and 10 (its quality:
+    docs/nugget-study-peers.md)."""
     from decodebench.models.nugget import Nugget
     from decodebench.models.nugget.shipped import shipped_span_scorer, verify
 
@@ -338,9 +340,9 @@ def test_the_shipped_answer_span_scorer_runs_on_the_embedded_model_at_both_ratio
         args=(f"{context}\n\nBased on the provided document, answer the following question:\nWhat?", {}),
     )
     for ratio in (5, 10):
-        model = Nugget.create(
-            {"pretrained": str(embedded_checkpoint), "device": "cpu", "selector": "answer-spans", "ratio": ratio}
-        )
+        named = {"selector": "answer-spans"} if ratio == 5 else {}
+        model = Nugget.create({"pretrained": str(embedded_checkpoint), "device": "cpu", "ratio": ratio, **named})
+        assert model.method.config.selector == "answer-spans"
         prompt = model.tok_encode(model.apply_chat_template([{"role": "user", "content": request.args[0]}]))
         n = model.method.split_point(model, prompt)
         opening = model.method.opening_length(model, prompt, n)

@@ -237,10 +237,14 @@ def test_the_shipped_checkpoints_match_their_manifests_and_refuse_other_models(t
         "embedded-r10.safetensors",
         "embedded-r5.safetensors",
     ]
+    paper = {"pretrained": str(tiny_checkpoint), "device": "cpu", "selector": "trained"}
     with pytest.raises(CheckpointError, match=r"no shipped checkpoint at ratio=7 \(shipped: ratio 5, 10\)"):
-        Nugget.create({"pretrained": str(tiny_checkpoint), "device": "cpu", "ratio": 7})
+        Nugget.create({**paper, "ratio": 7})
     with pytest.raises(CheckpointError, match=r"embedded-r10\.safetensors was trained for another model"):
-        Nugget.create({"pretrained": str(tiny_checkpoint), "device": "cpu", "ratio": 10})  # default: trained
+        Nugget.create({**paper, "ratio": 10})
+    # the default, the answer-span scorer: one file for every ratio, for the embedded model only
+    with pytest.raises(CheckpointError, match=r"embedded-answer-spans\.safetensors was trained for another model"):
+        Nugget.create({"pretrained": str(tiny_checkpoint), "device": "cpu", "ratio": 7})
 
 
 def test_a_checkpoint_run_at_another_ratio_says_so(trained, tiny_checkpoint, caplog):

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from decodebench.kernels.nugget import check_ratio
 from decodebench.models.config import MethodConfig, at_least, option
 
-# The built-in selectors (models/nugget/selectors.py; "trained": the checkpoint shipped for the run's ratio); any
-# other value is a trained checkpoint file.
+# The built-in selectors (models/nugget/selectors.py; "answer-spans": the span scorer shipped for the embedded model;
+# "trained": the paper's compressor shipped for the run's ratio); any other value is a trained checkpoint file.
 SELECTOR_NAMES = (
-    "trained",
     "answer-spans",
+    "trained",
     "delimiter",
     "salience",
     "question-overlap",
@@ -27,12 +27,15 @@ RENAMED = {"attention": "query-attention"}
 @dataclass(frozen=True)
 class NuggetConfig(MethodConfig):
     ratio: float = option(10.0, "compression ratio r: the document keeps ceil(n / r) of its n tokens")
+    # the default is the compressor that answers most of squad_mini at ratios 5 and 10 among the query-independent
+    # ones (docs/nugget-study-peers.md); the paper's method keeps its name
     selector: str = option(
-        "trained",
-        "trained (the paper's method: the compressor shipped for the embedded model at this ratio, 5 or 10), the path"
-        " of a checkpoint from `decodebench train-nugget` (the paper's method, for any model), answer-spans (ours: a "
-        "scorer trained toward the terms, names and numbers questions ask for, whole predicted spans each once, any "
-        "ratio), or a training-free selector: delimiter (training-free, query-independent stand-in), salience "
+        "answer-spans",
+        "answer-spans (ours, the default: a scorer trained toward the terms, names and numbers questions ask for, "
+        "whole predicted spans each once, the frozen model's states, any ratio), trained (the paper's method: the "
+        "compressor shipped for the embedded model at this ratio, 5 or 10), the path of a checkpoint from `decodebench "
+        "train-nugget` (the paper's method, or with --recipe answer-spans ours, for any model), or a training-free "
+        "selector: delimiter (training-free, query-independent stand-in), salience "
         "(training-free peer: names and numbers, then surprisal, whole words), question-overlap (training-free "
         "query-aware peer: the sentences sharing most words with the question first), query-attention (query-aware "
         "peer, SnapKV's kin), streaming, truncation, full",

@@ -131,7 +131,7 @@ class Nugget(RowDecodingMethod):
 
     @classmethod
     def demo_model_args(cls) -> dict[str, Any]:
-        """The paper's method: the compressor shipped for the embedded model (the default selector)."""
+        """The default selector (the answer-span scorer shipped for the embedded model) at the default ratio."""
         return {"ratio": cls.Config.defaults().ratio}
 
     def setup(self, lm) -> None:

@@ -3,10 +3,11 @@
 ``models/nugget/weights/`` holds one ``decodebench train-nugget`` checkpoint per compression ratio for the
 embedded model, each with a manifest beside it (``embedded-r10.json`` for ``embedded-r10.safetensors``): the
 exact command that trained it, the corpus and its license, what was held out, the steps, seed and held-out
-losses, the git revision of the code that trained it, and the file's sha256. ``selector=trained`` (the default
-of ``--model nugget``) reads the shipped checkpoint of the run's ratio; any checkpoint with a manifest beside
-it is checked against the manifest's sha256 before anything loads, so a truncated or swapped file is refused
-by name.
+losses, the git revision of the code that trained it, and the file's sha256. ``selector=trained`` (the paper's
+method) reads the shipped checkpoint of the run's ratio, ``selector=answer-spans`` (the default of ``--model
+nugget``) the shipped span scorer ``embedded-answer-spans.safetensors``, one for every ratio; any checkpoint with a
+manifest beside it is checked against the manifest's sha256 before anything loads, so a truncated or swapped file
+is refused by name.
 """
 
 from __future__ import annotations
