@@ -330,6 +330,7 @@ def test_the_shipped_answer_span_scorer_runs_on_the_embedded_model_at_both_ratio
     manifest names, whole spans kept, the opening kept whole, one scorer for ratio 5 and 10 (its quality:
     docs/nugget-study-peers.md)."""
     from decodebench.models.nugget import Nugget
+    from decodebench.models.nugget.compressor import encode_nuggets
     from decodebench.models.nugget.shipped import shipped_span_scorer, verify
 
     context = read_context(0)
@@ -349,6 +350,11 @@ def test_the_shipped_answer_span_scorer_runs_on_the_embedded_model_at_both_ratio
         scores = model.method.selector.scores(model, torch.tensor([prompt[:n]]), prompt[n:])
         indices, _ = select_topk(scores[None], torch.tensor([n]), ratio, kept_whole=torch.tensor([opening]))
         kept = set(indices[0].tolist())
+        # as it runs, its scores read from the encoding pass: the same tokens kept
+        shared = model.method.selector.encoding_scores(model, torch.tensor([prompt[:n]]), prompt[n:])
+        assert torch.equal(
+            encode_nuggets(model.model, torch.tensor([prompt[:n]]), shared, ratio, False, opening).indices, indices
+        )
         assert set(range(opening)) <= kept and len(kept) == opening + -(-(n - opening) // ratio)
         # every span (its tokens share its score) kept whole, but for the last one the budget reaches
         dropped = {float(scores[i]) for i in range(n) if i not in kept}

@@ -556,6 +556,7 @@ def test_the_answer_span_scorer_learns_resumes_and_runs_as_a_selector_for_every_
     tiny_checkpoint, corpus, tmp_path
 ):
     from decodebench.models.nugget import Nugget
+    from decodebench.models.nugget.compressor import LayerScores, encode_nuggets, layer_hidden_states, read_layer
     from decodebench.models.nugget.selectors import AnswerSpanSelector
     from decodebench.models.nugget.span_training import OBJECTIVE, USED_SETTINGS, train_span_scorer
     from decodebench.models.nugget.training_settings import ANSWER_SPANS_RECIPE
@@ -612,6 +613,17 @@ def test_the_answer_span_scorer_learns_resumes_and_runs_as_a_selector_for_every_
     assert model.tokenizer.decode(chat[:opening]).endswith("<|im_start|>user\n")
     assert model.tokenizer.decode(chat[opening : opening + row.stats["document_tokens"]]).startswith(document[:30])
     assert row.layers[0][0].shape[2] == opening + kept and kept == -(-row.stats["document_tokens"] // 10)
+    # its scores come from the encoding pass (no pass of their own): the same layer's states, so the same nuggets
+    ids = torch.tensor([chat[: opening + row.stats["document_tokens"]]])
+    shared = model.method.selector.encoding_scores(model, ids, [])
+    assert isinstance(shared, LayerScores) and shared.layer == 1
+    with read_layer(model.model, 1) as captured:
+        model.model(input_ids=ids)
+    assert torch.equal(captured[0], layer_hidden_states(model.model, ids, 1))
+    apart = encode_nuggets(model.model, ids, model.method.selector.scores(model, ids, []), 10, False, opening)
+    together = encode_nuggets(model.model, ids, shared, 10, False, opening)
+    assert torch.equal(apart.indices, together.indices)
+    assert all(torch.equal(a.keys, b.keys) for a, b in zip(apart.cache.layers, together.cache.layers, strict=True))
     # the shipped one is the embedded model's: another model is refused by name before its first request
     with pytest.raises(CheckpointError, match=r"embedded-answer-spans\.safetensors was trained for another model"):
         Nugget.create({"pretrained": str(tiny_checkpoint), "device": "cpu", "selector": "answer-spans"})

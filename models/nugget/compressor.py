@@ -3,7 +3,8 @@ training (training.py) and decoding (method.py).
 
 - ``NuggetScorer``: Scorer_phi, a 2-layer feed-forward net over the hidden states of layer
   ``iota = 3`` of the *frozen* model (appendix B.3; the adapters are off for these features);
-- ``layer_hidden_states``: those features, running only the layers below ``iota``;
+- ``layer_hidden_states``: those features, running only the layers below ``iota``; ``LayerScores``: the same
+  features read from the encoding pass instead, where that pass is the frozen model's (no encoder adapter);
 - ``NuggetAdapters``: the two LoRA adapters of rank 32 (peft, through transformers' adapter
   integration): ``encoder`` (phi) builds the nuggets' states, ``decoder`` (theta) reads them and
   decodes; plus the soft token that sits between the nuggets and what follows them;
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -66,11 +68,25 @@ class NuggetScorer(torch.nn.Module):
     def score_batch(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Scores [B, n] of the rows of ``input_ids`` [B, n] (right-padded, ``attention_mask`` [B, n] marking the
         real tokens; a pad's score means nothing)."""
-        hidden = layer_hidden_states(model, input_ids, self.layer, attention_mask)
+        return self.score_hidden(model, layer_hidden_states(model, input_ids, self.layer, attention_mask))
+
+    def score_hidden(self, model, hidden: torch.Tensor) -> torch.Tensor:
+        """Scores [B, n] of the frozen model's hidden states [B, n, d] after ``self.layer`` layers, however they
+        were computed (a pass of their own, or the encoding pass: ``LayerScores``)."""
         if self.feature_norm:
             with torch.no_grad():
                 hidden = final_norm(model)(hidden)
         return self(hidden.to(self.net[0].weight.dtype))
+
+
+@dataclass(frozen=True)
+class LayerScores:
+    """Scores still to be computed from the hidden states after ``layer`` decoder layers of the frozen model:
+    ``encode_nuggets`` reads them from its own pass over the document, when that pass is the frozen model's too,
+    instead of a pass of their own (a scorer on layer 12 of 30 would otherwise add 12 layers to the prefill)."""
+
+    layer: int
+    from_hidden: Callable[[torch.Tensor], torch.Tensor]  # hidden [B, n, d] -> scores [B, n]
 
 
 def final_norm(model) -> torch.nn.Module:
@@ -115,6 +131,25 @@ def layer_hidden_states(
     finally:
         handle.remove()
     raise RuntimeError(f"layer {layer} was never reached")
+
+
+@contextlib.contextmanager
+def read_layer(model, layer: int):
+    """Within it, a forward pass leaves in the yielded list the hidden states [B, n, d] after ``layer`` decoder
+    layers (transformers' ``hidden_states[layer]``, as ``layer_hidden_states`` computes them)."""
+    captured: list[torch.Tensor] = []
+    if layer == 0:
+        handle = model.get_input_embeddings().register_forward_hook(
+            lambda module, args, output: captured.append(output)
+        )
+    else:
+        handle = decoder_layers(model)[layer - 1].register_forward_hook(
+            lambda module, args, output: captured.append(output[0] if isinstance(output, tuple) else output)
+        )
+    try:
+        yield captured
+    finally:
+        handle.remove()
 
 
 def missing_modules(model, targets) -> list[str]:
@@ -219,30 +254,38 @@ def cache_bytes(cache) -> int:
 def encode_nuggets(
     model,
     documents: torch.Tensor,
-    scores: torch.Tensor,
+    scores: torch.Tensor | LayerScores,
     ratio: float,
     encoder: bool,
     kept_whole: int | torch.Tensor = 0,
     lengths: torch.Tensor | None = None,
 ) -> Nuggets:
     """Encode ``documents`` [B, n] (with the encoder adapter when ``encoder``) and keep ``ceil(n / ratio)``
-    positions of every layer of each row, chosen by ``scores`` [B, n] ([n] for one row; eqs. 14-15); with
+    positions of every layer of each row, chosen by ``scores`` [B, n] ([n] for one row; eqs. 14-15), or by the
+    ``LayerScores`` of this pass's own hidden states (the frozen model's: not with ``encoder``); with
     ``kept_whole = w`` (an int or [B]), a row's first ``w`` tokens (the prompt's opening) are kept as they are and the
     ratio applies to the other ``n - w``. Rows shorter than ``n`` are right-padded, their ``lengths`` [B] given."""
     from transformers import DynamicCache
 
+    if isinstance(scores, LayerScores) and encoder:
+        raise ValueError("LayerScores read the frozen model's states, which the encoder adapter changes")
     batch, n = documents.shape
     device = documents.device
     present = None if lengths is None else (torch.arange(n, device=device)[None] < lengths[:, None]).long()
     lengths = torch.full((batch,), n, device=device) if lengths is None else lengths
     whole = torch.as_tensor(kept_whole, device=device).expand(batch)
-    indices, mask = select_topk(scores.detach().reshape(batch, n), lengths, ratio, kept_whole=whole)
     cache = DynamicCache(config=model.config)
     adapters = NuggetAdapters.attached(model)
     if encoder:
         adapters.use("encoder", trainable=torch.is_grad_enabled())
-    with adapters.disabled() if adapters and not encoder else contextlib.nullcontext():
+    with (
+        adapters.disabled() if adapters and not encoder else contextlib.nullcontext(),
+        read_layer(model, scores.layer) if isinstance(scores, LayerScores) else contextlib.nullcontext() as hidden,
+    ):
         model(input_ids=documents, attention_mask=present, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    if isinstance(scores, LayerScores):
+        scores = scores.from_hidden(hidden[0]).to(device)
+    indices, mask = select_topk(scores.detach().reshape(batch, n), lengths, ratio, kept_whole=whole)
     full = cache_bytes(cache)
     kept = DynamicCache(ddp_cache_data=[gather_kv(layer.keys, layer.values, indices) for layer in cache.layers])
     return Nuggets(kept, indices, mask, full)

@@ -11,7 +11,8 @@ trained with). Then:
    ``kernels.nugget.select_topk`` keeps the opening whole and ``ceil(n / ratio)`` of the document's ``n``
    tokens (the last one always);
 2. the document is encoded alone (with a trained checkpoint: by its encoder adapter), so nothing
-   downstream ever sees its dropped tokens, and every layer's cache keeps only the kept positions
+   downstream ever sees its dropped tokens (a scorer of the frozen model's states, when the encoding is the frozen
+   model's too, reads its layer from this pass: ``LayerScores``), and every layer's cache keeps only the kept positions
    (models/nugget/compressor.py); keys were cached after the rotary embedding, so the nuggets
    keep their original positions;
 3. the tail is fed uncompressed at positions ``n, n+1, ...`` (with a trained checkpoint: after
@@ -169,7 +170,9 @@ class Nugget(RowDecodingMethod):
         if not (self.selector.compresses and document >= ratio and nuggets_for(document, ratio) < document and tail):
             return Compressed(None, 0, prompt, {"document_tokens": 0, "tail_tokens": len(prompt)})
         ids = torch.tensor([prompt[:n]], device=device)
-        scores = self.selector.scores(lm, ids, tail).to(device)
+        scores = self.selector.encoding_scores(lm, ids, tail)
+        if isinstance(scores, torch.Tensor):
+            scores = scores.to(device)
         encoder = self.selector.adapters is not None
         nuggets = encode_nuggets(model, ids, scores, ratio, encoder=encoder, kept_whole=opening)
         kept = nuggets.indices.shape[1] - opening

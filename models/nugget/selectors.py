@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import logging
 from pathlib import Path
 from typing import ClassVar
@@ -45,7 +46,7 @@ from decodebench.kernels.nugget import (
     salience_scores,
     span_scores,
 )
-from decodebench.models.nugget.compressor import chat_template_parts
+from decodebench.models.nugget.compressor import LayerScores, chat_template_parts, layer_hidden_states
 from decodebench.models.nugget.config import NuggetConfig
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,11 @@ class Selector:
     def scores(self, lm, document: torch.Tensor, tail: list[int]) -> torch.Tensor:
         """One score per token of ``document`` [1, n] (higher is kept first)."""
         raise NotImplementedError
+
+    def encoding_scores(self, lm, document: torch.Tensor, tail: list[int]) -> torch.Tensor | LayerScores:
+        """What the compressor ranks ``document`` by: ``scores``, or where they come from the frozen model's hidden
+        states and the encoding is the frozen model's too, their ``LayerScores``, read from the encoding pass."""
+        return self.scores(lm, document, tail)
 
     @staticmethod
     def token_texts(lm, document: torch.Tensor) -> list[str]:
@@ -195,6 +201,18 @@ class CheckpointSelector(Selector):
             **({"checkpoint_command": self.manifest["command"]} if self.manifest else {}),
         }
 
+    def scores(self, lm, document, tail):
+        return self.from_hidden(lm, document, layer_hidden_states(lm.model, document, self.scorer.layer))
+
+    def encoding_scores(self, lm, document, tail):
+        if self.adapters is not None:  # the encoder adapter builds other states than the frozen ones it scores
+            return self.scores(lm, document, tail)
+        return LayerScores(self.scorer.layer, functools.partial(self.from_hidden, lm, document))
+
+    def from_hidden(self, lm, document: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Scores [n] of ``document`` [1, n] from the frozen model's hidden states [1, n, d] at the scorer's layer."""
+        raise NotImplementedError
+
 
 class TrainedNugget(CheckpointSelector):
     name = "trained"
@@ -234,8 +252,8 @@ class TrainedNugget(CheckpointSelector):
             self.adapters.soft_token.data = self.adapters.soft_token.data.to(lm.device, lm.model.dtype)
             self.adapters.use("decoder")
 
-    def scores(self, lm, document, tail):
-        return self.scorer.score(lm.model, document).float().cpu()
+    def from_hidden(self, lm, document, hidden):
+        return self.scorer.score_hidden(lm.model, hidden)[0].float().cpu()
 
 
 class AnswerSpanSelector(CheckpointSelector):
@@ -260,8 +278,8 @@ class AnswerSpanSelector(CheckpointSelector):
         self.checkpoint.check_model(lm.model, lm.tokenizer)
         self.scorer = self.checkpoint.scorer().to(lm.device)
 
-    def scores(self, lm, document, tail):
-        return span_scores(self.token_texts(lm, document), self.scorer.score(lm.model, document))
+    def from_hidden(self, lm, document, hidden):
+        return span_scores(self.token_texts(lm, document), self.scorer.score_hidden(lm.model, hidden)[0])
 
 
 # -- the attention a question pays to the document, one layer at a time -------------------------
