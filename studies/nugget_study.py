@@ -413,10 +413,17 @@ def render(folder: Path) -> str:
         "the paper's normalized accuracy) and cnndm_mini (real CNN/DailyMail test articles in their original casing, "
         "ROUGE-Lsum)" + "".join(f", {task} n = {n}" for task, n in limits.items()),
         layout_line(folder),
-        "- `trained` is the paper's method as shipped (`selector=trained`): scorer on "
-        "layer 3 + LoRA rank 32 encoder and decoder + soft token, straight-through estimator, zero-shot (plain text "
-        "split into a part to compress and a part to continue), one checkpoint per ratio, models/nugget/weights/:",
-        *trained_lines,
+        *(
+            [
+                "- `trained` is the paper's method as shipped (`selector=trained`): scorer on "
+                "layer 3 + LoRA rank 32 encoder and decoder + soft token, straight-through estimator, zero-shot (plain "
+                "text split into a part to compress and a part to continue), one checkpoint per ratio, "
+                "models/nugget/weights/:",
+                *trained_lines,
+            ]
+            if trained_lines  # the study read the shipped checkpoints: it ran them
+            else []
+        ),
         *span_scorer_lines(folder),
         (
             "- `scorer only` is the shipped scorer on the frozen model (an ablation); "
