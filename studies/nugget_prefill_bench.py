@@ -60,10 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         if side == "plain":
             model(input_ids=ids, use_cache=True, logits_to_keep=1)
             return None
-        scores = selector.scores(lm, ids, tail).to(device) if side == "own pass" else None
-        if side == "shared":
-            scores = selector.encoding_scores(lm, ids, tail)
-            assert isinstance(scores, LayerScores)
+        scores = selector.scores(lm, ids, tail) if side == "own pass" else selector.encoding_scores(lm, ids, tail)
+        assert isinstance(scores, LayerScores) == (side == "shared")
         return encode_nuggets(model, ids, scores, args.ratio, encoder=False, kept_whole=opening).indices
 
     seconds = {side: [] for side in SIDES}

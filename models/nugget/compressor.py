@@ -109,6 +109,11 @@ def decoder_layers(model) -> torch.nn.ModuleList:
     return layers
 
 
+def layer_output(output) -> torch.Tensor:
+    """The hidden states a decoder layer (or the embeddings) returned: some layers return a tuple, states first."""
+    return output[0] if isinstance(output, tuple) else output
+
+
 @torch.no_grad()
 def layer_hidden_states(
     model, input_ids: torch.Tensor, layer: int, attention_mask: torch.Tensor | None = None
@@ -119,7 +124,7 @@ def layer_hidden_states(
         return model.get_input_embeddings()(input_ids)
 
     def stop(module, args, output):
-        raise _StopForward(output[0] if isinstance(output, tuple) else output)
+        raise _StopForward(layer_output(output))
 
     handle = decoder_layers(model)[layer - 1].register_forward_hook(stop)
     adapters = NuggetAdapters.attached(model)
@@ -138,14 +143,8 @@ def read_layer(model, layer: int):
     """Within it, a forward pass leaves in the yielded list the hidden states [B, n, d] after ``layer`` decoder
     layers (transformers' ``hidden_states[layer]``, as ``layer_hidden_states`` computes them)."""
     captured: list[torch.Tensor] = []
-    if layer == 0:
-        handle = model.get_input_embeddings().register_forward_hook(
-            lambda module, args, output: captured.append(output)
-        )
-    else:
-        handle = decoder_layers(model)[layer - 1].register_forward_hook(
-            lambda module, args, output: captured.append(output[0] if isinstance(output, tuple) else output)
-        )
+    module = model.get_input_embeddings() if layer == 0 else decoder_layers(model)[layer - 1]
+    handle = module.register_forward_hook(lambda module, args, output: captured.append(layer_output(output)))
     try:
         yield captured
     finally:
@@ -283,9 +282,8 @@ def encode_nuggets(
         read_layer(model, scores.layer) if isinstance(scores, LayerScores) else contextlib.nullcontext() as hidden,
     ):
         model(input_ids=documents, attention_mask=present, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    if isinstance(scores, LayerScores):
-        scores = scores.from_hidden(hidden[0]).to(device)
-    indices, mask = select_topk(scores.detach().reshape(batch, n), lengths, ratio, kept_whole=whole)
+    scores = scores.from_hidden(hidden[0]) if isinstance(scores, LayerScores) else scores
+    indices, mask = select_topk(scores.detach().to(device).reshape(batch, n), lengths, ratio, kept_whole=whole)
     full = cache_bytes(cache)
     kept = DynamicCache(ddp_cache_data=[gather_kv(layer.keys, layer.values, indices) for layer in cache.layers])
     return Nuggets(kept, indices, mask, full)

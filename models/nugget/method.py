@@ -170,9 +170,7 @@ class Nugget(RowDecodingMethod):
         if not (self.selector.compresses and document >= ratio and nuggets_for(document, ratio) < document and tail):
             return Compressed(None, 0, prompt, {"document_tokens": 0, "tail_tokens": len(prompt)})
         ids = torch.tensor([prompt[:n]], device=device)
-        scores = self.selector.encoding_scores(lm, ids, tail)
-        if isinstance(scores, torch.Tensor):
-            scores = scores.to(device)
+        scores = self.selector.encoding_scores(lm, ids, tail)  # encode_nuggets moves them to the device
         encoder = self.selector.adapters is not None
         nuggets = encode_nuggets(model, ids, scores, ratio, encoder=encoder, kept_whole=opening)
         kept = nuggets.indices.shape[1] - opening
