@@ -11,6 +11,7 @@ run off as complete.
 from __future__ import annotations
 
 import json
+import lzma
 import math
 import sys
 from dataclasses import dataclass, field
@@ -31,6 +32,36 @@ PRIMARY_METRICS = {
 SKIPPED_METRICS = {"infinigram_agreement_by_n", "infinigram_reference"}
 # Metrics that are not a mean over documents (token-weighted), so no per-document interval applies.
 TOKEN_WEIGHTED = {"infinigram_agreement"}
+# lm-eval's results files, as it writes them and as the studies keep them under docs/data (xz-compressed)
+RESULTS_PATTERNS = ("results_*.json", "results_*.json.xz")
+
+
+def read_text(path: Path) -> str:
+    """A results file's or samples log's text; a kept copy compressed with xz (``*.xz``) is read through lzma."""
+    if path.suffix == ".xz":
+        with lzma.open(path, "rt", encoding="utf-8") as handle:
+            return handle.read()
+    return path.read_text(encoding="utf-8")
+
+
+def results_files(folder: Path, recursive: bool = True) -> list[Path]:
+    """The lm-eval results files in ``folder`` (and below it), plain or kept compressed, in name order."""
+    glob = Path(folder).rglob if recursive else Path(folder).glob
+    return sorted(p for pattern in RESULTS_PATTERNS for p in glob(pattern))
+
+
+def date_id(results: Path) -> str:
+    """``results_2026-11-24T21-29-38.150909.json[.xz]`` -> ``2026-11-24T21-29-38.150909``: what names its samples."""
+    return results.name.removesuffix(".xz").removesuffix(".json").removeprefix("results_")
+
+
+def samples_log(results: Path, task: str) -> Path | None:
+    """The samples log of ``task`` written beside a results file (plain or kept compressed), None without one."""
+    for suffix in (".jsonl", ".jsonl.xz"):
+        path = results.parent / f"samples_{task}_{date_id(results)}{suffix}"
+        if path.is_file():
+            return path
+    return None
 
 
 @dataclass
@@ -62,8 +93,8 @@ class TaskResult:
         values: dict[str, dict[tuple, float]] = {}
         seen_filter = None
         try:
-            lines = self.samples_file.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
+            lines = read_text(self.samples_file).splitlines()
+        except (OSError, UnicodeDecodeError, lzma.LZMAError, EOFError) as exc:
             self.unreadable_samples = f"{self.samples_file.name} cannot be read ({exc}): no intervals"
             return {}
         for number, line in enumerate(lines, 1):
@@ -158,7 +189,7 @@ def find_result_files(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
         if path.is_file():
             files.append(path)
         elif path.is_dir():
-            found = sorted(path.glob("**/results_*.json"))
+            found = results_files(path)
             # a FIFO or device under that name would block the read for ever
             problems += [f"{p}: not a regular file; left out" for p in found if not p.is_file()]
             found = [p for p in found if p.is_file()]
@@ -208,8 +239,7 @@ def _task_result(path: Path, data: dict, name: str, scores: dict, measurement: d
             nonfinite.append(metric)
         else:
             metrics[metric] = float(value)
-    date_id = path.stem.removeprefix("results_")
-    samples = path.parent / f"samples_{name}_{date_id}.jsonl"
+    samples = samples_log(path, name)
     configs = (data.get("configs") or {}).get(name) or {}
     return TaskResult(
         name=name,
@@ -222,7 +252,7 @@ def _task_result(path: Path, data: dict, name: str, scores: dict, measurement: d
             "num_fewshot": (data.get("n-shot") or {}).get(name),
             "version": (data.get("versions") or {}).get(name),
         },
-        samples_file=samples if samples.is_file() else None,
+        samples_file=samples,
         unread=unread,
         nonfinite=nonfinite,
     )
@@ -230,8 +260,8 @@ def _task_result(path: Path, data: dict, name: str, scores: dict, measurement: d
 
 def read_run(path: Path) -> Run:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        data = json.loads(read_text(path))
+    except (OSError, UnicodeDecodeError, lzma.LZMAError, EOFError, json.JSONDecodeError) as exc:
         raise NotResults(f"{path}: not readable JSON ({exc})") from exc
     if not isinstance(data, dict) or not isinstance(data.get("results"), dict) or "config" not in data:
         raise NotResults(f"{path}: not an lm-eval results file (no 'results' and 'config')")

@@ -51,11 +51,11 @@ def collect(folder: Path, argv: list[str], out: str, limit: int | None, batch_si
 
 def render(folder: Path) -> str:
     from decodebench.metrics.kinds import is_binary_metric, metric_range
-    from decodebench.reports.reader import read_run
+    from decodebench.reports.reader import read_run, read_text
     from decodebench.stats import APPROXIMATE_BELOW, quality_interval
 
     path = kept_results(folder)
-    results, run = json.loads(path.read_text()), read_run(path)
+    results, run = json.loads(read_text(path)), read_run(path)
     info = results["config"]["decodebench"]
     lines = [
         *run_header(folder, "The baseline on the bundled real samples", "baselines"),

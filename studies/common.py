@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import lzma
 import platform
 import shlex
 import shutil
@@ -99,26 +100,36 @@ def load_json(folder: Path, name: str):
 SAMPLE_BULK = ("doc", "arguments", "resps", "filtered_resps")
 
 
+def write_compressed(path: Path, text: str) -> Path:
+    """``text`` written to ``path`` + ``.xz`` (the same bytes for the same text: the tree stays small and a rerun's
+    diff shows only what changed); ``decodebench.reports.reader.read_text`` reads it back."""
+    compressed = path.with_name(path.name + ".xz")
+    compressed.write_bytes(lzma.compress(text.encode("utf-8"), preset=9 | lzma.PRESET_EXTREME))
+    return compressed
+
+
 def keep_lm_eval_run(results: Path, folder: Path) -> Path:
-    """Copy an lm_eval run's results file, and its samples logs without their bulk, into a page's data folder;
-    ``decodebench report`` and ``decodebench.reports.reader`` read the copy as they read the original."""
+    """Copy an lm_eval run's results file, and its samples logs without their bulk, into a page's data folder,
+    compressed; ``decodebench report`` and ``decodebench.reports.reader`` read the copy as they read the original."""
+    from decodebench.reports.reader import date_id
+
     folder.mkdir(parents=True, exist_ok=True)
-    kept = folder / results.name
-    kept.write_text(results.read_text())
-    date_id = results.stem.removeprefix("results_")
-    for samples in sorted(results.parent.glob(f"samples_*_{date_id}.jsonl")):
+    kept = write_compressed(folder / results.name, results.read_text())
+    for samples in sorted(results.parent.glob(f"samples_*_{date_id(results)}.jsonl")):
         lines = []
         for line in samples.read_text().splitlines():
             if line.strip():
                 record = {k: v for k, v in json.loads(line).items() if k not in SAMPLE_BULK}
                 lines.append(json.dumps(record, sort_keys=True))
-        (folder / samples.name).write_text("\n".join(lines) + "\n")
+        write_compressed(folder / samples.name, "\n".join(lines) + "\n")
     return kept
 
 
 def kept_results(folder: Path) -> Path:
     """The one lm_eval results file kept in a page's data folder."""
-    found = sorted(Path(folder).glob("results_*.json"))
+    from decodebench.reports.reader import results_files
+
+    found = results_files(folder, recursive=False)
     if len(found) != 1:
         raise FileNotFoundError(f"{folder}: expected one kept lm_eval results file, found {len(found)}")
     return found[0]
@@ -163,16 +174,34 @@ def run_header(folder: Path, title: str, tox_env: str) -> list[str]:
     where = Path(folder).resolve()
     where = where.relative_to(REPO) if where.is_relative_to(REPO) else where
     render = f"python {words[1]} --from {where}"
+    page = where.parent.parent / f"{where.name}.md" if where.parent.name == "data" else None  # data_dir's inverse
     if "--doc" in words[:-1]:  # a page other than the script's own: without it, --from writes the script's own page
-        page = where.parent.parent / f"{where.name}.md" if where.parent.name == "data" else None  # data_dir's inverse
         render += f" --doc {page or words[words.index('--doc') + 1]}"
     return [
         f"# {title}",
         "",
-        f"Written by `{run['command']}` (`tox -e {tox_env}`) on {run['date']}{minutes}, machine: "
+        f"Written by `{shown_command(words, page)}` (`tox -e {tox_env}`) on {run['date']}{minutes}, machine: "
         f"{short_name(run['machine'])}. Its data: `{where}/`; `{render}` renders this page again from it.",
         "",
     ]
+
+
+def shown_command(words: list[str], page: Path | None = None, drop: tuple[str, ...] = ("--out",)) -> str:
+    """A run's command as a reader reruns it from the repository: without the options in ``drop`` (a study's
+    ``--out``, where lm_eval's outputs went, changes nothing on the page), ``--doc`` the page itself, any other path
+    outside the repository (a scratch folder of the machine it ran on) by its file name."""
+    shown, skip = [], False
+    for before, word in zip(["", *words], words, strict=False):
+        if skip or word in drop:
+            skip = word in drop
+            continue
+        path = Path(word)
+        if before == "--doc" and page is not None:
+            word = str(page)
+        elif path.is_absolute() and not path.resolve().is_relative_to(REPO):
+            word = path.name
+        shown.append(word)
+    return " ".join(map(shlex.quote, shown))
 
 
 @contextlib.contextmanager

@@ -166,7 +166,9 @@ def read(folder: Path) -> dict:
 
 
 def task_measure(results: Path, task: str) -> dict:
-    return json.loads(results.read_text())["config"]["decodebench"]["tasks"][task]
+    from decodebench.reports.reader import read_text
+
+    return json.loads(read_text(results))["config"]["decodebench"]["tasks"][task]
 
 
 QUALITY = {"cnndm_mini": "rougeL", "squad_mini": "f1"}
@@ -174,12 +176,11 @@ QUALITY = {"cnndm_mini": "rougeL", "squad_mini": "f1"}
 
 def quality(results: Path, task: str) -> str:
     """The task's metric over its documents with its 95% t interval (kept inside [0, 1])."""
+    from decodebench.reports.reader import read_text, samples_log
     from decodebench.stats import quality_interval
 
     name = QUALITY[task]
-    date_id = results.stem.removeprefix("results_")
-    (samples,) = results.parent.glob(f"samples_{task}_{date_id}.jsonl")
-    values = [json.loads(line)[name] for line in samples.read_text().splitlines() if line.strip()]
+    values = [json.loads(line)[name] for line in read_text(samples_log(results, task)).splitlines() if line.strip()]
     interval, _ = quality_interval(values, binary=False, bounds=(0.0, 1.0))
     return f"{name} {sum(values) / len(values):.3f} [{interval.low:.3f}, {interval.high:.3f}]"
 

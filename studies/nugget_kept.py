@@ -37,7 +37,7 @@ from collections import Counter
 from pathlib import Path
 
 import common
-from common import doc_parser, kept_results, load_json, page, record_run, run_header, save_json
+from common import doc_parser, load_json, page, record_run, run_header, save_json
 from nugget_study import OURS
 
 # the kept token types listed per selector
@@ -161,12 +161,10 @@ def page_rows(records: list[dict]) -> list[tuple[float, str]]:
 
 def study_scores(name: str, ratio: float | None, data: Path = STUDY_DATA) -> dict[int, float] | None:
     """The nugget study's per-question accuracy for one row, by doc_id (None: the study has not run it)."""
-    from nugget_study import Row, folder_name
+    from nugget_study import Row, folder_name, kept_runs
 
-    run = data / "runs" / folder_name(name, ratio) / TASK
-    if not run.is_dir():
-        return None
-    return Row(name, ratio, [kept_results(run)]).scores[TASK]
+    run = kept_runs(data).get(folder_name(name, ratio), {}).get(TASK)
+    return None if run is None else Row(name, ratio, [run]).scores[TASK]
 
 
 def accuracy(scores: list[float] | None) -> str:

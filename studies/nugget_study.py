@@ -19,8 +19,9 @@ Throughput: full context and the trained method (ratio 10) at batch 1, 8 and 32 
 interleaved rounds (the order alternating each round); tokens/s, the ratio to full context at the same batch
 paired per round, the KV cache each row holds, and the largest batch whose KV cache fits a fixed budget.
 
-Every run's results and per-document scores are kept in docs/data/nugget-study/; ``--from`` renders the page
-from them alone.
+Every run's results and per-document scores are kept once, compressed, in docs/data/nugget-runs/ (one copy of a run
+however many study pages read it); each page's data folder names the runs it reads (runs.json) beside its own
+files, and ``--from`` renders the page from them alone.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import functools
 import hashlib
 import json
 import math
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -56,6 +58,10 @@ OURS = (
     "query-attention",
 )
 THROUGHPUT_TASK = "squad_mini"
+# beside each study page's data folder: the kept lm_eval runs of every nugget study, one copy of each
+RUN_STORE = "nugget-runs"
+# in a study page's data folder: {run folder name: {task: its kept run, relative to the store}}
+RUNS_FILE = "runs.json"
 
 
 def nugget_run(
@@ -119,10 +125,10 @@ class Row:
                     self.peak_memory[task] = values["peak_memory_bytes"]
 
     def _read_lm_eval(self, path: Path) -> None:
-        from decodebench.reports.reader import read_run
+        from decodebench.reports.reader import read_run, read_text
 
         run = read_run(path)
-        machine = json.loads(path.read_text())["config"]["decodebench"]["machine"]
+        machine = json.loads(read_text(path))["config"]["decodebench"]["machine"]
         for task, (metric, _) in TASKS.items():
             result = run.tasks.get(task)
             if result is None:
@@ -133,13 +139,40 @@ class Row:
             self.achieved[task] = (summary.get("method") or {}).get("achieved_ratio")
             self.peak_memory[task] = summary.get("peak_memory_bytes")
             ttft, kv = [], []
-            for line in result.samples_file.read_text().splitlines():
+            for line in read_text(result.samples_file).splitlines():
                 for record in json.loads(line).get("decodebench", []):
                     if record.get("ttft_s") is not None:
                         ttft.append(record["ttft_s"])
                     stats = record.get("method_stats", {})
                     kv.append(stats.get("document_kv_bytes_kept", stats.get("kv_bytes_at_decode_start", 0)))
             self.ttft[task], self.kv_bytes[task] = ttft, kv
+
+
+@functools.cache
+def run_store(folder: Path) -> Path:
+    """Where the kept runs of the study page whose data is ``folder`` live (beside it: docs/data/nugget-runs)."""
+    return Path(folder).parent / RUN_STORE
+
+
+def keep_run(folder: Path, name: str, ratio: float | None, task: str, results: Path) -> None:
+    """Keep an lm_eval run in the store (once: a run another page already keeps is not copied again) and name it
+    in the page's runs.json."""
+    from decodebench.reports.reader import date_id
+
+    where = f"{folder_name(name, ratio)}/{task}-{date_id(results)}"
+    if not (run_store(folder) / where).is_dir():
+        keep_lm_eval_run(results, run_store(folder) / where)
+    runs = load_json(folder, RUNS_FILE) if (folder / RUNS_FILE).is_file() else {}
+    runs.setdefault(folder_name(name, ratio), {})[task] = where
+    save_json(folder, RUNS_FILE, runs)
+
+
+def kept_runs(folder: Path) -> dict[str, dict[str, Path]]:
+    """{run folder name: {task: kept results file}} of the runs the page whose data is ``folder`` reads."""
+    return {
+        run: {task: kept_results(run_store(folder) / where) for task, where in sorted(tasks.items())}
+        for run, tasks in load_json(folder, RUNS_FILE).items()
+    }
 
 
 @functools.cache
@@ -268,7 +301,7 @@ def collect(folder: Path, argv: list[str], args) -> None:
             weights = checkpoints[f"{ratio:g}"]["sha256"] if name in ("trained", "scorer only") else None
             weights = spans["sha256"] if name == "answer-spans" else weights
             results = run_lm_eval(out, name, ratio, task, limit, args.batch_size, weights, args.wrapper)
-            keep_lm_eval_run(results, folder / "runs" / folder_name(name, ratio) / task)
+            keep_run(folder, name, ratio, task, results)
     if args.kvpress_python:
         for ratio in args.ratios:
             for task, peers in kvpress_peers(out, args.kvpress_python, model_path, ratio, args.limit).items():
@@ -335,15 +368,14 @@ def measure_throughput(out: Path, args) -> dict:
 
 # -- rendering -----------------------------------------------------------------------------------------------------
 def read_rows(folder: Path) -> tuple[list[Row], list[float]]:
-    runs = folder / "runs"
     rows, ratios = [], []
-    for run_folder in sorted(runs.iterdir(), key=lambda p: (p.name != "full", p.name)):
-        prefix, _, ratio = run_folder.name.partition("-r-")
+    for run, tasks in sorted(kept_runs(folder).items(), key=lambda item: (item[0] != "full", item[0])):
+        prefix, _, ratio = run.partition("-r-")
         name = {folder_name(known, None): known for known in ("full", *OURS)}[prefix]
         ratio_value = float(ratio) if ratio else None
         if ratio_value and ratio_value not in ratios:
             ratios.append(ratio_value)
-        rows.append(Row(name, ratio_value, [kept_results(t) for t in sorted(run_folder.iterdir())]))
+        rows.append(Row(name, ratio_value, list(tasks.values())))
     ratios.sort()
     order = {name: i for i, name in enumerate(OURS)}
     full = [r for r in rows if r.name == "full"]
@@ -357,9 +389,11 @@ def read_rows(folder: Path) -> tuple[list[Row], list[float]]:
 def layout_line(folder: Path) -> str:
     """What the runs compressed, from the arguments each nugget run recorded (a run from before ``wrapper`` existed
     compressed the template's opening with the document)."""
+    from decodebench.reports.reader import read_text
+
     layouts = set()
-    for results in (folder / "runs").glob("*/*/results_*.json"):
-        info = json.loads(results.read_text())["config"]["decodebench"]
+    for results in (path for tasks in kept_runs(folder).values() for path in tasks.values()):
+        info = json.loads(read_text(results))["config"]["decodebench"]
         if info["method"] == "nugget" and info["method_args"]["selector"] != "full":  # full compresses nothing
             layouts.add(info["method_args"].get("wrapper", "compressed"))
     if layouts == {"kept"}:
@@ -572,7 +606,7 @@ def span_scorer_lines(folder: Path) -> list[str]:
         "loss toward the terms the dictionaries mark as cross-references and the names and numbers in them, whole "
         "predicted spans kept (each text once), the nuggets the frozen model's own states (no adapters), one scorer "
         f"for every ratio: `{manifest['file']}` (sha256 {manifest['sha256'][:12]}...), "
-        f"`{manifest['command']}`: "
+        f"`{common.shown_command(shlex.split(manifest['command']), drop=())}`: "
         f"{manifest['steps']} steps on {manifest['corpus']} ({split['trained_on']} documents; {split['held_out']} "
         f"held out; {split['dropped_for_sharing_text_with_evaluation_samples']} dropped for sharing text with the "
         f"evaluation samples), held-out binary cross-entropy {held[0][1]:.3f} -> {held[-1][1]:.3f}, trained on "

@@ -123,7 +123,7 @@ def collect(folder: Path, argv: list[str], rounds: int, out: str) -> None:
                         if client == "decodebench":
                             results = run_decodebench(server.base_url, level, requests, out_dir / where)
                             kept = keep_lm_eval_run(results, folder / where)
-                            for samples in kept.parent.glob("samples_*.jsonl"):  # 64 gaps x 500 requests: the
+                            for samples in kept.parent.glob("samples_*.jsonl*"):  # 64 gaps x 500 requests: the
                                 samples.unlink()  # page reads the task's figures alone
                         else:
                             found = json.loads(run_vllm(server.base_url, level, requests, out_dir / where).read_text())

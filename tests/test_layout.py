@@ -224,3 +224,49 @@ def test_every_source_file_the_code_and_readme_cite_exists():
         if not (REPO / cited).is_file()
     )
     assert not missing, "\n".join(missing)
+
+
+# what a GPU machine accepts per command is 64 MiB of working tree, tracked files included: half of it stays free for
+# what a command carries beside the tree (wheels, a model's config)
+TRACKED_TREE_LIMIT = 32 * 2**20
+
+
+def tracked_files() -> list[Path]:
+    import subprocess
+
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    return [REPO / name for name in listed.decode().split("\0") if name]
+
+
+def test_the_tracked_tree_fits_beside_what_a_gpu_command_carries():
+    sizes = {path: path.stat().st_size for path in tracked_files() if path.is_file()}
+    total = sum(sizes.values())
+    largest = sorted(sizes, key=sizes.get, reverse=True)[:5]
+    assert total <= TRACKED_TREE_LIMIT, (
+        f"tracked files take {total / 2**20:.1f} MiB, over {TRACKED_TREE_LIMIT / 2**20:.0f} MiB; the largest: "
+        + ", ".join(f"{p.relative_to(REPO)} {sizes[p] / 2**20:.1f} MiB" for p in largest)
+        + " (keep a run's per-document data compressed and once: studies/common.py, keep_lm_eval_run)"
+    )
+
+
+def test_no_kept_run_is_stored_twice_or_uncompressed():
+    """One copy of each kept lm_eval run (the nugget studies share docs/data/nugget-runs), compressed."""
+    import hashlib
+    from collections import defaultdict
+
+    data = [p for p in tracked_files() if p.is_relative_to(REPO / "docs" / "data") and p.is_file()]
+    plain = [str(p.relative_to(REPO)) for p in data if re.fullmatch(r"(results_.*\.json|samples_.*\.jsonl)", p.name)]
+    assert not plain, f"kept lm_eval files stored uncompressed: {plain[:5]}"
+    copies = defaultdict(list)
+    for path in data:
+        if path.stat().st_size > 4096:
+            copies[hashlib.sha256(path.read_bytes()).hexdigest()].append(str(path.relative_to(REPO)))
+    repeated = [paths for paths in copies.values() if len(paths) > 1]
+    assert not repeated, f"the same data stored more than once: {repeated[:3]}"
+
+
+def test_no_page_names_a_scratch_path():
+    """A page names what a reader can find: no /tmp path (the study's scratch folders on the machine it ran on)."""
+    pages = [p for p in tracked_files() if p.suffix == ".md" and p.is_file()]
+    named = [str(p.relative_to(REPO)) for p in pages if re.search(r"(?<![\w.])/tmp/", p.read_text())]
+    assert not named, f"pages naming a /tmp path: {named}"

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from decodebench.commands.runs import LmEvalRun
 from decodebench.commands.sides import SIDES, checked_sides, exit_codes
+from decodebench.reports.reader import read_text
 
 
 def run_rounds(
@@ -62,7 +63,7 @@ def samples(task):
     if task.samples_file is None:
         return
     seen_filter = None
-    for line in task.samples_file.read_text().splitlines():
+    for line in read_text(task.samples_file).splitlines():
         if not line.strip():
             continue
         sample = json.loads(line)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from decodebench.commands.runs import LmEvalRun
 from decodebench.commands.sides import SIDES, UsageError, checked_sides, exit_codes
+from decodebench.reports.reader import results_files
 
 # GuideLLM's two ends of a rate sweep, asked for by name in --request-rates: one request at a time, and every
 # request at once (vllm bench serve's default rate, inf, kept finite: the highest rate the open loop takes)
@@ -84,7 +85,7 @@ def read_levels(folder: Path) -> dict[Level, list[dict[str, Path]]]:
     produced: dict[Level, list[dict[str, Path]]] = {}
     for round_folder in sorted(folder.glob("round-*"), key=lambda p: int(p.name.split("-")[1])):
         for level_folder in round_folder.iterdir():
-            files = {side.name: next(side.glob("**/results_*.json")) for side in level_folder.iterdir()}
+            files = {side.name: results_files(side)[0] for side in level_folder.iterdir()}
             produced.setdefault(Level.from_folder(level_folder.name), []).append(files)
     return dict(sorted(produced.items(), key=lambda item: item[0].order))
 
