@@ -212,11 +212,25 @@ def _vllm_own_tests_command(folder: Path) -> tuple[list[str], Path, dict[str, st
     return own_tests_command()
 
 
+def _vllm_next_own_tests_command(folder: Path) -> tuple[list[str], Path, dict[str, str]]:
+    from vllm_suite import NEXT, own_tests_command  # fetches the next release's tests and Python files once
+
+    return own_tests_command(NEXT)
+
+
+def _vllm_next_rule_tests_command(folder: Path) -> tuple[list[str], Path, dict[str, str]]:
+    from vllm_suite import NEXT, rule_tests_command
+
+    return rule_tests_command(NEXT)
+
+
 # fixture name -> (the command, its working folder and environment, given a folder of its own; the fixtures whose
 # use by a collected test starts it)
 BACKGROUND_JOBS = {
     "wheelhouse": (_wheelhouse_command, {"wheelhouse", "decodebench_wheel"}),
     "vllm_own_tests": (_vllm_own_tests_command, {"vllm_own_tests"}),
+    "vllm_next_own_tests": (_vllm_next_own_tests_command, {"vllm_next_tests"}),
+    "vllm_next_rule_tests": (_vllm_next_rule_tests_command, {"vllm_next_tests"}),
 }
 _STARTED: dict[str, tuple[concurrent.futures.Future, Path]] = {}  # name -> (its future, its log)
 _PROCESSES: list[subprocess.Popen] = []
@@ -313,6 +327,24 @@ def decodebench_wheel(wheelhouse) -> Path:
 def vllm_own_tests() -> str:
     """The output of vLLM's own tests (tests/vllm_suite.py), run beside the tests."""
     return wait_for_background("vllm_own_tests")[1]
+
+
+@pytest.fixture(scope="session")
+def vllm_next_tests() -> tuple[str, str]:
+    """The outputs of the next vLLM release's own tests and of decodebench's rule tests over its Python files
+    (tests/vllm_suite.py), run beside the tests."""
+    return wait_for_background("vllm_next_own_tests")[1], wait_for_background("vllm_next_rule_tests")[1]
+
+
+def pytest_report_header(config):
+    """Which vLLM the session runs (an overlay's release, tests/vllm_suite.py, is not what pip lists)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    import vllm
+
+    return f"vllm {vllm.__version__} ({Path(vllm.__file__).parent})"
 
 
 def pytest_sessionfinish(session):

@@ -270,3 +270,19 @@ def test_no_page_names_a_scratch_path():
     pages = [p for p in tracked_files() if p.suffix == ".md" and p.is_file()]
     named = [str(p.relative_to(REPO)) for p in pages if re.search(r"(?<![\w.])/tmp/", p.read_text())]
     assert not named, f"pages naming a /tmp path: {named}"
+
+
+def test_the_vllm_extra_admits_every_validated_release_and_no_other():
+    """pyproject's `vllm` extra and the plugins' guard (models/vllm_releases.py) name the same releases."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    from decodebench.models.vllm_releases import VALIDATED_SERIES
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    (requirement,) = map(Requirement, extras["vllm"])
+    for series in VALIDATED_SERIES:
+        assert requirement.specifier.contains(f"{series}.0") and requirement.specifier.contains(f"{series}.9")
+    newer = f"0.{int(VALIDATED_SERIES[-1].split('.')[1]) + 1}.0"
+    assert not requirement.specifier.contains(newer) and not requirement.specifier.contains("0.31.9")

@@ -15,10 +15,14 @@ def pytest_configure(config):
 
 
 def pytest_report_header(config):
+    import vllm
     from vllm.v1.sample import rejection_sampler
 
     from decodebench.models.backends import vllm_cpu_fix
 
     rules = getattr(rejection_sampler.rejection_sample, "_decodebench_verification", False)
     fixed = rejection_sampler._rejection_random_sample is vllm_cpu_fix.rejection_random_sample
-    return f"decodebench plugins: verification rules {'active' if rules else 'MISSING'}, CPU fix {fixed}"
+    return (
+        f"decodebench plugins on vLLM {vllm.__version__}: verification rules {'active' if rules else 'MISSING'}, "
+        f"CPU fix {fixed}"
+    )

@@ -1,5 +1,6 @@
-"""Fixes for vLLM 0.32.0's CPU build, whose speculative decoding runs C++ fallbacks of the rejection sampler's
-Triton kernels (``vllm/utils/cpu_triton_utils.py``) that differ from them:
+"""Fixes for vLLM 0.32.0's CPU build (and 0.33.0's Python files, whose fallbacks are the same), whose speculative
+decoding runs C++ fallbacks of the rejection sampler's Triton kernels (``vllm/utils/cpu_triton_utils.py``) that
+differ from them:
 
 - ``expand_batch_to_tokens`` (each request's temperature and top-p spread over its draft positions) casts the output
   to int64 and writes into that copy: a float tensor is left as allocated, uninitialized. The target's logits are
@@ -17,7 +18,7 @@ Triton kernels (``vllm/utils/cpu_triton_utils.py``) that differ from them:
   in a process that imported numba first (vLLM's own n-gram drafter imports it: a second engine after one that
   drafted from the context, or a script that imports numba, whose module a spawned worker imports again).
 
-Installed, decodebench registers ``register`` under ``vllm.general_plugins``; on that release on a CPU without
+Installed, decodebench registers ``register`` under ``vllm.general_plugins``; on those releases on a CPU without
 Triton it replaces the three with the Triton kernels' rules written in plain torch, and gives the scan a ``vars``
 that reads such an object as holding no kernel. Every other release and platform is left alone.
 """
@@ -31,7 +32,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
-BROKEN_RELEASE = "0.32.0"
+# the releases whose CPU fallbacks are wrong as described above (0.33.0's utils/cpu_triton_utils.py is 0.32.0's)
+BROKEN_RELEASES = ("0.32.0", "0.33.0")
 PLACEHOLDER = -1
 
 
@@ -150,7 +152,7 @@ def register() -> None:
     import vllm
     from vllm.platforms import current_platform
 
-    if vllm.__version__.split("+")[0] != BROKEN_RELEASE or not current_platform.is_cpu():
+    if vllm.__version__.split("+")[0] not in BROKEN_RELEASES or not current_platform.is_cpu():
         return
     from vllm.triton_utils import HAS_TRITON
 
@@ -159,6 +161,11 @@ def register() -> None:
     from vllm.triton_utils import dispatcher
     from vllm.v1.sample import rejection_sampler
 
+    from decodebench.models.vllm_releases import CPU_FIX_INTERNALS, release_refusal
+
+    if refusal := release_refusal(CPU_FIX_INTERNALS, "decodebench's fixes of vLLM's CPU build"):
+        log.warning("%s: left out", refusal)
+        return
     dispatcher.vars = attributes  # the name the scan looks up first, before the builtin
     fixes = {
         "expand_batch_to_tokens": expand_batch_to_tokens,
@@ -168,4 +175,4 @@ def register() -> None:
     for name, fix in fixes.items():
         if getattr(rejection_sampler, name) is not fix:
             setattr(rejection_sampler, name, fix)
-    log.info("decodebench: vLLM %s's CPU speculative-decoding kernels replaced", BROKEN_RELEASE)
+    log.info("decodebench: vLLM %s's CPU speculative-decoding kernels replaced", vllm.__version__)

@@ -21,9 +21,11 @@ both rules are greedy speculative decoding, which vLLM's greedy rule already is.
 rule; it changes no logits. Both rules live in the V1 runner's rejection sampler. vLLM's V2 model runner (its
 default on CUDA) samples elsewhere, so there the plugin refuses such requests at admission with what to do instead
 (start the engine with ``VLLM_USE_V2_MODEL_RUNNER=0``; block verification is vLLM's own there, engine-wide, with
-``rejection_sample_method="block"``), and loads nothing into the engine. The rules are pinned to the vLLM release
-they were written against: with another one no wrapper is installed and every such request is refused, naming both
-versions. This module imports no V1 machinery (vLLM's frontend loads it to check requests).
+``rejection_sample_method="block"``), and loads nothing into the engine. The rules run on the vLLM releases they
+were validated against (models/vllm_releases.py: 0.32.x and 0.33.x, each wrapped function's signature checked as the
+plugin loads): with another release, or one that changed a wrapped function, no wrapper is installed and every such
+request is refused, naming the release or the function. This module imports no V1 machinery (vLLM's frontend loads
+it to check requests).
 """
 
 from __future__ import annotations

@@ -5,7 +5,6 @@ alike, so that neither imports the other's machinery. No V1 machinery is importe
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -15,7 +14,6 @@ from decodebench.models.model_runners import RUNNER_ENV
 if TYPE_CHECKING:
     from vllm import SamplingParams
 
-PINNED_VLLM = "0.32.0"
 MTAD_ARG = "mtad_tau"
 BLOCK_ARG = "block_verify"
 # set on each vLLM function decodebench wraps, so that a second install wraps nothing twice
@@ -30,24 +28,12 @@ class Rule:
     tau: float | None = None
 
 
-def vllm_version() -> str:
-    import vllm
-
-    return vllm.__version__
-
-
-@functools.cache
 def version_refusal() -> str | None:
-    """Why this vLLM release cannot run the rules (they are pinned to the release they were written against), or
-    None."""
-    installed = vllm_version()
-    if installed.split("+")[0] == PINNED_VLLM:
-        return None
-    return (
-        f"decodebench's verification rules (MTAD, block) were written against vLLM {PINNED_VLLM} and this is vLLM "
-        f"{installed}: requests that ask for them are refused (install vllm=={PINNED_VLLM}, or a decodebench "
-        f"release made for {installed})"
-    )
+    """Why this vLLM cannot run the rules (a release outside those they were validated against, or one that changed a
+    function they wrap: models/vllm_releases.py), or None."""
+    from decodebench.models.vllm_releases import verification_refusal
+
+    return verification_refusal()
 
 
 def wrap_once(owner, name: str, wrapper) -> None:

@@ -1,6 +1,6 @@
 """MTAD's rule and block verification in the rejection sampler of vLLM's V1 model runner (see vllm_plugin.py).
 
-``install`` wraps three functions of vLLM 0.32.0, once per process:
+``install`` wraps three functions of vLLM (0.32.x, 0.33.x: models/vllm_releases.py), once per process:
 
 - ``rejection_sample``: after vLLM's own rule has filled the output, the rows that asked for MTAD or block
   verification are verified again by their rule (kernels/mtad.py) and rewritten in vLLM's format (the kept draft
@@ -71,10 +71,12 @@ class VerificationRequestsV1(LogitsProcessor):
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
         if version_refusal() is None:
             install()
-        if refusal := engine_refusal(vllm_config):  # the engine keeps serving every other request
-            log.error(refusal)
         spec = getattr(vllm_config, "speculative_config", None)
         self.engine_rule = Rule("block") if spec is not None and spec.rejection_sample_method == "block" else None
+        if refusal := engine_refusal(vllm_config):
+            if self.engine_rule is not None:  # vLLM's V1 runner would verify every request by its own rule, silently
+                raise ValueError(f"this engine asks rejection_sample_method='block' of vLLM's V1 runner: {refusal}")
+            log.error(refusal)  # the engine keeps serving every other request
         self.device = torch.device(device)
         self.rules: dict[int, Rule] = {}
         self._cached: dict[tuple[str, int], RuleRows | None] = {}
