@@ -42,7 +42,7 @@ def _scatter(rows: list[Row], axis: str) -> str | None:
     xerr = [_span(speed_interval(r), value(r)) if axis == "speed" else (0, 0) for r in usable]
     # fewer joules per token is better: the front maximizes -J/token
     front = pareto_front([(x if axis == "speed" else -x, y) for x, y in zip(xs, ys, strict=True)])
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    fig, ax = plt.subplots(figsize=(9.6, 4.2), dpi=110)  # the right third: the key of the numbered points
     ax.errorbar(
         xs,
         ys,
@@ -57,20 +57,65 @@ def _scatter(rows: list[Row], axis: str) -> str | None:
     ax.plot(
         [xs[i] for i in ordered], [ys[i] for i in ordered], color="#d9480f", marker="o", zorder=3, label="Pareto front"
     )
-    for x, y, row in zip(xs, ys, usable, strict=True):
-        ax.annotate(plain(row.label[:40]), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     ax.set_xlabel("tokens/s (higher is better)" if axis == "speed" else "J/token (lower is better)")
     ax.set_ylabel(plain(usable[0].task.primary_metric or "quality"))
     ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize=8)
-    return _png(fig)
+    number_points(ax, xs, ys, [row.label for row in usable])
+    return _png(fig, laid_out=True)
 
 
-def _png(fig) -> str:
-    """A finished figure as a base64 PNG, the figure closed."""
+# where a point's label may go (points from the point: right and up first, then around it)
+LABEL_OFFSETS = ((4, 4), (4, -10), (-12, 4), (-12, -10), (4, 14), (4, -20), (-12, 14), (-12, -20))
+
+
+def label_groups(points: list[tuple[float, float]], radius: float) -> list[list[int]]:
+    """Indices of points (in display units) grouped so that no two groups' first points lie within ``radius`` of
+    each other: the points one label serves (methods that land on one spot, as equal runs do)."""
+    groups: list[list[int]] = []
+    for i, (x, y) in enumerate(points):
+        near = next(
+            (g for g in groups if abs(points[g[0]][0] - x) < radius and abs(points[g[0]][1] - y) < radius), None
+        )
+        if near is None:
+            groups.append([i])
+        else:
+            near.append(i)
+    return groups
+
+
+def number_points(ax, xs: list[float], ys: list[float], labels: list[str]) -> None:
+    """Each point numbered on the plot (points on one spot share a label, "1,3") and named in a key beside the axes,
+    so that long run labels never print over each other."""
+    from matplotlib.lines import Line2D
+
+    key = [Line2D([], [], linestyle="none", label=plain(f"{i + 1}: {label[:60]}")) for i, label in enumerate(labels)]
+    handles, _ = ax.get_legend_handles_labels()
+    ax.legend(handles=handles + key, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False)
+    ax.figure.tight_layout()  # the axes' final place and limits first: labels are placed in display units
+    ax.figure.canvas.draw()
+    renderer = ax.figure.canvas.get_renderer()
+    shown = ax.transData.transform(list(zip(xs, ys, strict=True)))
+    placed = []  # the label boxes drawn so far: a label takes the first place beside its point that none covers
+    for group in label_groups([tuple(p) for p in shown], radius=9.0):
+        text = ",".join(str(i + 1) for i in group)
+        for offset in LABEL_OFFSETS:
+            label = ax.annotate(
+                text, (xs[group[0]], ys[group[0]]), textcoords="offset points", xytext=offset, fontsize=7
+            )
+            box = label.get_window_extent(renderer).padded(3)  # a gap, so that "12" and "11" never read "1211"
+            if not any(box.overlaps(other) for other in placed) or offset == LABEL_OFFSETS[-1]:
+                placed.append(box)
+                break
+            label.remove()
+
+
+def _png(fig, laid_out: bool = False) -> str:
+    """A finished figure as a base64 PNG, the figure closed (laid out first unless it was, as labels placed in
+    display units need)."""
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
+    if not laid_out:
+        fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     plt.close(fig)

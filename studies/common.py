@@ -56,6 +56,17 @@ PAGES = {
 # pages that measure nothing (design notes): they say so in their first lines
 DESIGN_NOTES = ("docs/nugget-engines.md",)
 DESIGN_NOTE_BANNER = "A design note, not a measurement"
+# reference pages (what decodebench does and how to use it; the README links to them): they say so in their first lines
+REFERENCE = (
+    "docs/README.md",
+    "docs/methods.md",
+    "docs/tasks.md",
+    "docs/served.md",
+    "docs/results.md",
+    "docs/studies.md",
+    "docs/extending.md",
+)
+REFERENCE_BANNER = "Reference, not a measurement"
 # pages whose per-document data no longer exists: they say so, and why, in their first lines
 OLD_STATISTICS = (
     "; its intervals and p-values come from the paired bootstrap used before (too small at small n: read them as "

@@ -6,7 +6,7 @@ requests in flight on the bundled squad_mini questions, keeps every run's result
 docs/data/benchmarks/served-concurrency/ and writes docs/benchmarks/served-concurrency.md from them: per level,
 quality with its interval
 and the paired test against the baseline, throughput and the ratio paired per round, and TTFT, TPOT and ITL
-percentiles, as ``vllm bench serve`` defines them (README, "Served models").
+percentiles, as ``vllm bench serve`` defines them (docs/served.md).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ def render(page: str) -> str:
 
 
 def test_every_page_is_either_recomputable_or_says_it_is_not():
-    known = set(common.PAGES) | set(common.NOT_RECOMPUTABLE) | set(common.DESIGN_NOTES)
+    known = set(common.PAGES) | set(common.NOT_RECOMPUTABLE) | set(common.DESIGN_NOTES) | set(common.REFERENCE)
     unknown = [page for page in PAGES if page not in known]
     assert not unknown, f"pages with no study to render them and no note that they cannot be: {unknown}"
     assert not set(common.PAGES) & set(common.NOT_RECOMPUTABLE)
@@ -33,6 +33,26 @@ def test_every_page_is_either_recomputable_or_says_it_is_not():
 def test_a_design_note_says_it_measures_nothing(page):
     head = "\n".join((REPO / page).read_text().splitlines()[:4])
     assert common.DESIGN_NOTE_BANNER in head
+
+
+@pytest.mark.parametrize("page", common.REFERENCE)
+def test_a_reference_page_says_it_measures_nothing(page):
+    head = "\n".join((REPO / page).read_text().splitlines()[:4])
+    assert common.REFERENCE_BANNER in head
+
+
+def test_the_pages_index_reaches_every_page_and_every_link_of_the_readme_and_the_index_resolves():
+    """docs/README.md lists every page under docs/ (one line each), and no link of it or of the README leads nowhere."""
+    import re
+
+    index = REPO / "docs" / "README.md"
+    linked = {(index.parent / target).resolve() for target in re.findall(r"\]\(([^)#]+)\)", index.read_text())}
+    pages = {p.resolve() for p in (REPO / "docs").glob("**/*.md") if "docs/data/" not in str(p) and p != index}
+    assert not pages - linked, f"pages docs/README.md does not list: {sorted(map(str, pages - linked))}"
+    readme = REPO / "README.md"
+    targets = re.findall(r"\]\(((?!https?:)[^)#]+)\)", readme.read_text())
+    missing = [t for t in targets if not (REPO / t).exists()] + [str(p) for p in linked if not p.exists()]
+    assert not missing, f"links that lead nowhere: {missing}"
 
 
 @pytest.mark.parametrize("page", sorted(common.PAGES))

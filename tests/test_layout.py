@@ -216,7 +216,7 @@ def test_every_source_file_the_code_and_readme_cite_exists():
     """A docstring or the README pointing at a file that moved (the hf backend cited the method contract's file by
     a name it had lost long before) sends the next reader nowhere."""
     sources = (p for folder in SOURCE_FOLDERS for p in (REPO / folder).rglob("*.py") if p != VLLM_TESTS)
-    texts = [REPO / "README.md", *sources]
+    texts = [REPO / "README.md", *(REPO / "docs").glob("*.md"), *sources]
     missing = sorted(
         f"{path.relative_to(REPO)} cites {cited}"
         for path in texts

@@ -147,6 +147,9 @@ def test_main_job_runs_lm_eval_and_says_where_results_are(tiny_checkpoint, tmp_p
     assert log.startswith("$ lm_eval --model baseline") and "Running generate_until requests" in log
     assert "Task 'aime' from" in log and "overrides existing task" in log  # from the index the fork server built
     assert "Running generate_until requests" not in proc.stdout + proc.stderr and "[1/6] baseline: 100%" in proc.stderr
+    # an untimed run first, whose results enter nothing
+    assert proc.stderr.index("[warm-up] baseline (untimed, discarded): 100%") < proc.stderr.index("[1/6] baseline")
+    assert len(results_files(out / "warm-up")) == 1 and str(out / "warm-up") not in proc.stdout
     # the interleaved comparison, after every run: round 1 runs the baseline first, round 2 the compared method
     assert proc.stderr.index("[2/6] mtad: 100%") < proc.stderr.index("[3/6] baseline, round 1 on squad_mini")
     assert proc.stderr.index("[3/6] baseline, round 1") < proc.stderr.index("[4/6] mtad, round 1 on squad_mini")
@@ -183,6 +186,7 @@ def test_ctrl_c_in_the_main_job_reports_the_runs_that_finished(embedded_checkpoi
 
     out = tmp_path / "results"
     command = [console_script("decodebench"), "demo", "--out", str(out), "--limit", "1", "--tasks", "squad_mini"]
+    command.append("--no-warm-up")
     proc = subprocess.Popen(
         [*command, "--methods", "baseline,lz"],
         cwd=tmp_path,

@@ -11,7 +11,7 @@ from conftest import console_script, decodebench_in_process, explain, read_resul
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
-# The whole method, as a newcomer would write it (README, "Adding a method").
+# The whole method, as a newcomer would write it (docs/extending.md, "Adding a method").
 METHOD = """
 from dataclasses import dataclass
 

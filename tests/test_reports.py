@@ -453,6 +453,27 @@ def test_empty_folders_and_different_models(tmp_path):
     assert lz["speed_ratio_vs_baseline"] is None and lz["speed_note"] == "no matching baseline"
 
 
+def test_points_on_one_spot_share_one_label_and_the_rest_keep_their_own():
+    from decodebench.reports.plots import label_groups
+
+    # display units (pixels): 0 and 2 nearly coincide, 1 is far, 3 is just outside the radius of 0
+    assert label_groups([(100, 100), (300, 50), (104, 97), (100, 110)], radius=9.0) == [[0, 2], [1], [3]]
+
+
+def test_a_plot_of_runs_with_long_labels_numbers_its_points(outputs, tmp_path):
+    """Labels are numbers on the plot and names in the key beside it (long run labels printed over each other)."""
+    import base64
+
+    from decodebench.reports.plots import _scatter
+    from decodebench.reports.reader import read_runs
+    from decodebench.reports.tables import build_rows
+
+    runs, _ = read_runs([outputs])
+    rows = build_rows(runs)["squad_mini"]
+    png = base64.b64decode(_scatter(rows, "speed"))
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+
+
 def test_pareto_front_keeps_the_undominated_points():
     points = [(1.0, 0.5), (2.0, 0.4), (0.5, 0.6), (1.5, 0.3), (2.0, 0.5)]
     assert sorted(pareto_front(points)) == [2, 4]  # (0.5, 0.6) and (2.0, 0.5); the rest are dominated
@@ -485,7 +506,7 @@ def test_html_leaderboard_in_headless_chromium(outputs, tmp_path):
         "--disable-component-update",
         "--disable-sync",
         f"--user-data-dir={tmp_path / 'profile'}",
-        "--window-size=1300,1000",
+        "--window-size=1400,1000",  # a laptop's window
     ):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
@@ -519,6 +540,13 @@ def test_html_leaderboard_in_headless_chromium(outputs, tmp_path):
         assert small.text == "6"
         assert "fewer than 10 documents: intervals are approximate" in small.get_attribute("title")
         driver.find_element(By.ID, "tab-1").click()
+        # the page fits the window: a wide table scrolls inside its own box
+        page_width, window_width = driver.execute_script(
+            "return [document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+        )
+        assert page_width <= window_width, (page_width, window_width)
+        box = panel.find_element(By.CSS_SELECTOR, ".table-box")
+        assert box.value_of_css_property("overflow-x") == "auto" and box.size["width"] <= window_width
         screenshot = tmp_path / "leaderboard.png"
         driver.save_screenshot(str(screenshot))
         assert screenshot.stat().st_size > 10_000

@@ -90,6 +90,7 @@ def _demo(args: argparse.Namespace) -> int:
         tasks=args.tasks,
         compared_limit=args.compared_limit,
         pretrained=args.pretrained,
+        warm_up=args.warm_up,
     )
 
 
@@ -284,7 +285,7 @@ def methods_text(classes) -> str:
 
 
 def methods_markdown(classes) -> str:
-    """The README's argument tables (tests/test_readme.py checks that the README holds this text)."""
+    """The argument tables of docs/methods.md (tests/test_readme.py checks that the page holds this text)."""
     lines = []
     for method in classes:
         lines += [f"**`{method.name}`** ({method.label}; backends: {', '.join(method.backends)})", ""]
@@ -352,6 +353,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=COMPARED_LIMIT,
         help=f"documents of the interleaved comparison's task in each of its two rounds (default {COMPARED_LIMIT}, "
         "the fewest at which its speed interval is shown)",
+    )
+    demo.add_argument(
+        "--no-warm-up",
+        dest="warm_up",
+        action="store_false",
+        help="skip the untimed, discarded run of the first method before the timed ones (the first lm_eval process on "
+        "a machine is slower than the ones after it)",
     )
 
     index = command("build-index", _build_index, "build an infini-gram index of a corpus with a model's tokenizer")
@@ -502,7 +510,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing = command(
         "methods", _methods, "list the methods of `lm_eval --model` with their arguments, types, defaults and checks"
     )
-    listing.add_argument("--markdown", action="store_true", help="print the README's Markdown tables")
+    listing.add_argument("--markdown", action="store_true", help="print the Markdown tables of docs/methods.md")
 
     command("info", _info, "show the cache folder, embedded model and energy meter status")
     return parser

@@ -5,6 +5,11 @@ bundled mini tasks, written to ``OUT/<run>/`` with lm-eval's own output in ``OUT
 shows one progress bar per run); afterwards a short table of quality, tokens/s and J/token is printed with the path
 of every results file, and the leaderboard of the runs is written to ``OUT/leaderboard/``.
 
+Before the first timed run, the first run (the baseline) runs once untimed on the same tasks and is discarded
+(``OUT/warm-up/``): the first ``lm_eval`` process on a machine pays what later ones find done (files read into the
+page cache, compiled kernels, the task data's first load), which made the baseline's first task read 4 tokens/s
+against 15-23 for every method after it.
+
 Runs taken one after another on a shared machine differ in speed by more than most methods change it, so the
 table gives no speed ratio. The one comparison it teaches is interleaved: once every method has run, the compared
 method (the first registered one naming ``demo_compared_on``) and the baseline run again on that task, on
@@ -102,6 +107,7 @@ def run_demo(
     tasks: str | None = None,
     compared_limit: int = COMPARED_LIMIT,
     pretrained: str = EMBEDDED,
+    warm_up: bool = True,
 ) -> int:
     from decodebench.data.embedded import EmbeddedModelError, ensure_embedded_model
 
@@ -142,6 +148,8 @@ def run_demo(
     interrupted = False
     try:
         print(f"lm_eval's own output goes to {out}/<run>/lm_eval.log; each log starts with its command", flush=True)
+        if warm_up:
+            run_warm_up(runs[0], task_list, out / "warm-up", limit, pretrained)
         for number, run in enumerate(runs, 1):
             invocation = lm_eval_run(run, task_list, out, limit, pretrained)
             produced[run.name] = invocation.run_logged(out / run.name / "lm_eval.log", f"[{number}/{total}] {run.name}")
@@ -171,6 +179,13 @@ def run_demo(
     if interrupted:
         return 130
     return 0 if all(produced.values()) and (not compared or len(rounds) == len(ROUNDS)) else 1
+
+
+def run_warm_up(run: Run, tasks: list[str], out: Path, limit: int | None, pretrained: str) -> None:
+    """The first run once, untimed: its results stay under ``out`` and enter no table, leaderboard or comparison."""
+    label = f"[warm-up] {run.name} (untimed, discarded)"
+    if lm_eval_run(run, tasks, out, limit, pretrained).run_logged(out / run.name / "lm_eval.log", label) is None:
+        print(f"{label} FAILED (its log says why); the timed runs follow", flush=True)
 
 
 def looks_like_a_path(pretrained: str) -> bool:

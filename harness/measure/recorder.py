@@ -6,7 +6,7 @@ and peak memory. After the window closes, the backend records one ``RequestRecor
 that was in it (``Window.record``). Methods never time themselves: they only add their own
 counters (``method_stats``).
 
-Definitions (the README's "Measurements" section shows them to users):
+Definitions (docs/results.md shows them to users):
 - ``new_tokens``: tokens the model produced for the request, up to and including the token
   that ended it (EOS or the one completing a stop sequence); tokens generated past a stop only
   because other rows of the batch were still running are not counted.
