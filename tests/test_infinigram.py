@@ -106,6 +106,26 @@ def test_text_is_tokenized_with_the_index_tokenizer(small_index, tokenizer):
     assert infinigram_agreement(text, index).tokens == len(tokenizer(text, add_special_tokens=False).input_ids)
 
 
+def test_the_evaluate_module_counts_what_brute_force_counts(small_index, tokenizer):
+    """decodebench's `evaluate` module (decodebench.metrics.evaluate_modules), given texts and an index folder: the
+    share of their tokens whose infinity-gram probability given the text before them exceeds 0.5, token-weighted."""
+    import evaluate
+
+    from decodebench.metrics.evaluate_modules import module_path
+
+    index, data = small_index
+    texts = [tokenizer.decode([7, 3, 9, 1, 12, 5] * 3), tokenizer.decode([4, 4, 2, 30, 31, 7, 3, 9])]
+    agreeing = tokens = 0
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        tokens += len(ids)
+        agreeing += sum(brute_force(data, ids[:i], ids[i])[0] > 0.5 for i in range(len(ids)))
+    metric = evaluate.load(module_path("infinigram_agreement"))
+    scores = metric.compute(predictions=texts, index=str(index.info.path))
+    assert scores["scored_tokens"] == tokens and scores["infinigram_agreement"] == pytest.approx(agreeing / tokens)
+    assert 0 < agreeing < tokens
+
+
 def damaged_copy(index, tmp_path, name):
     copy = tmp_path / name
     shutil.copytree(index.info.path, copy)

@@ -1,0 +1,23 @@
+"""decodebench's metrics as local Hugging Face ``evaluate`` modules, for people who score with ``evaluate`` outside
+lm-eval: each module calls the same code as decodebench's tasks (``decodebench.metrics``), so it gives the same
+numbers. ``evaluate.load`` cannot reach the hub offline, but loads a local script:
+
+    import evaluate
+    from decodebench.metrics.evaluate_modules import module_path
+
+    squad = evaluate.load(module_path("squad_normalized_accuracy"))
+    squad.compute(predictions=["It was Denver."], references=[["Denver Broncos", "Denver"]])
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+MODULES = ("squad_normalized_accuracy", "spider_execution_accuracy", "degenerate_repetition", "infinigram_agreement")
+
+
+def module_path(name: str) -> str:
+    """The local ``evaluate`` script of one of ``MODULES``, for ``evaluate.load``."""
+    if name not in MODULES:
+        raise ValueError(f"no decodebench evaluate module {name!r}; known: {', '.join(MODULES)}")
+    return str(Path(__file__).with_name(f"{name}.py"))
