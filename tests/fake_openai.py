@@ -43,6 +43,7 @@ class FakeOpenAI:
         self.timings: list[tuple[float, list[float]]] = []
         self.cpus = cpus  # the server's own cores (its thread's affinity), so that a client on others cannot slow it
         self.tokens = tokens  # tokens per answer (one per chunk); None: as many as max_tokens asks
+        self.model_len = 2048  # what /v1/models says of the model's context (max_model_len)
         self.hold_until = 0  # "hold": answer once this many requests are in flight at once (or after 30 s)
         self.in_flight = self.peak_in_flight = 0
         self.requests = 0
@@ -97,7 +98,7 @@ class FakeOpenAI:
     async def _models(self, request):
         if refused := self._refused(request):
             return refused
-        return web.json_response({"object": "list", "data": [{"id": MODEL, "max_model_len": 2048}]})
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "max_model_len": self.model_len}]})
 
     async def _metrics(self, request):
         if refused := self._refused(request):
@@ -127,6 +128,10 @@ class FakeOpenAI:
             if self.requests == 1:
                 return web.Response(status=503, text="overloaded")
             mode = "good"
+        if mode == "bad status line":  # bytes that are not HTTP where the status line belongs, then the end
+            request.transport.write(b"HTTP/1.1 2OO OK\r\nContent-Type: text/event-stream\r\n\r\n")
+            request.transport.close()
+            return web.Response()
         if mode == "redirect":
             raise web.HTTPTemporaryRedirect("http://192.0.2.1:9/v1/completions")
         if mode == "plain json":  # a non-streamed answer to a streamed request
@@ -150,7 +155,9 @@ class FakeOpenAI:
             max_tokens = int(payload["max_tokens"])
             tokens = max_tokens if self.tokens is None else min(self.tokens, max_tokens)
             due, written = arrived, []
-            for number, line in enumerate(self._stream(mode, tokens)):
+            prompt = payload["prompt"]
+            sent = len(prompt[0]) if isinstance(prompt, list) and isinstance(prompt[0], list) else len(prompt)
+            for number, line in enumerate(self._stream(mode, tokens, sent)):
                 delay = self.first_s if number == 0 else self.gap_s if '"text"' in line else 0
                 if delay:
                     due += delay
@@ -160,6 +167,10 @@ class FakeOpenAI:
                 await response.write(f"data: {line}\n\n".encode())
                 if '"text"' in line:
                     written.append(time.monotonic())
+                if mode == "stall":  # after the first chunk only keep-alive comments, for ever
+                    while True:
+                        await asyncio.sleep(0.1)
+                        await response.write(b": ping\n\n")
             await response.write_eof()
             self.timings.append((arrived, written))
             return response
@@ -167,12 +178,22 @@ class FakeOpenAI:
             self.in_flight -= 1
 
     @staticmethod
-    def _stream(mode: str, tokens: int) -> list[str]:
+    def _stream(mode: str, tokens: int, prompt_tokens: int) -> list[str]:
         if mode == "not json":
             return ["hello, this is not JSON"]
         if mode == "endless line":  # 4 MiB with no end of line: a client that waits for one buffers it all
             return ["x" * (4 * 2**20)]
         counts = list(range(1, tokens + 1))
+        if mode == "empty length":  # max_tokens reached, with no token and no text
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens}
+            return [
+                json.dumps({"choices": [{"index": 0, "text": "", "finish_reason": "length"}], "usage": usage}),
+                "[DONE]",
+            ]
+        if mode == "undercounted":  # every chunk of text, one token in all
+            counts = [1] * tokens
+        elif mode == "huge prompt usage":
+            prompt_tokens = 10**12
         if mode == "negative usage":
             counts = [-3] * tokens
         elif mode == "inflated usage":  # 1,500 output tokens for a request capped far lower
@@ -182,14 +203,22 @@ class FakeOpenAI:
         chunks = []
         for position, count in enumerate(counts):
             last = position == tokens - 1
-            chunk = {"choices": [{"index": 0, "text": " word", "finish_reason": "length" if last else None}]}
+            chunk = {"model": "other-model" if mode == "other model" else MODEL}
+            chunk["choices"] = [{"index": 0, "text": " word", "finish_reason": "length" if last else None}]
             if mode not in ("no usage", "usage at end"):  # OpenAI's API without continuous usage: the end only
-                chunk["usage"] = {"prompt_tokens": 10, "completion_tokens": count, "total_tokens": 10 + count}
+                usage = {"prompt_tokens": prompt_tokens, "completion_tokens": count}
+                chunk["usage"] = {**usage, "total_tokens": prompt_tokens + count}
             chunks.append(json.dumps(chunk))
+            if mode == "other choice" and position == 0:  # a second completion's text, interleaved
+                chunks.append(json.dumps({"model": MODEL, "choices": [{"index": 1, "text": " other"}]}))
         if mode == "cut":  # the connection closes cleanly before the finish reason
             return chunks[:2]
         if mode == "usage at end":
-            usage = {"prompt_tokens": 10, "completion_tokens": tokens, "total_tokens": 10 + tokens}
+            usage = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": tokens,
+                "total_tokens": prompt_tokens + tokens,
+            }
             chunks.append(json.dumps({"choices": [], "usage": usage}))
         elif mode == "spec metrics":  # vllm serve --per-request-spec-decode-metrics summary: on the usage chunk
             metrics = {"speculative_decoding": {"mean_acceptance_length": 2.5, "draft_acceptance_rate": 0.375}}
@@ -197,4 +226,7 @@ class FakeOpenAI:
             chunks.append(json.dumps({"choices": [], "usage": usage, "metrics": metrics}))
         elif mode != "no usage":
             chunks.append(json.dumps({"choices": [], "usage": json.loads(chunks[-1])["usage"]}))
+        if mode == "text after finish":  # text once the answer has finished, before [DONE]
+            more = {"model": MODEL, "choices": [{"index": 0, "text": " more", "finish_reason": None}]}
+            chunks.append(json.dumps(more))
         return [*chunks, "[DONE]"]

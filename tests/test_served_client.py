@@ -40,12 +40,24 @@ def server():
         ("cut", "the stream ended before a finish reason (cut short), after 2 attempts"),
         ("redirect", "the server refused a request (HTTP 307 to http://192.0.2.1:9/v1/completions)"),
         ("endless line", "the stream is not server-sent events: a line longer than 1048576 bytes"),
+        ("other choice", "a chunk of choice 1, where one completion (choice 0) was asked for"),
+        ("text after finish", "the server sent text after the finish reason"),
+        ("other model", "the stream answers for model 'other-model', not 'fake-model', the model asked for"),
+        ("undercounted", "usage.completion_tokens=1 for 4 chunks of text: each chunk carries at least one token"),
+        ("empty length", "finish_reason 'length' (max_tokens reached) with no token and no text"),
+        ("huge prompt usage", "usage.prompt_tokens=1000000000000 for a prompt sent as"),
+        (
+            "stall",
+            "no data from the server for 1 s (idle_timeout; comments and keep-alives do not count): the stream "
+            "stalled after 1 chunks",
+        ),
+        ("bad status line", "sent a broken HTTP answer (ClientResponseError"),
     ],
 )
 def test_a_server_answer_that_is_not_a_whole_stream_is_a_named_error_for_that_request(
     server, tiny_checkpoint, mode, named
 ):
-    lm = served_lm(server, tiny_checkpoint, max_retries=2)
+    lm = served_lm(server, tiny_checkpoint, max_retries=2, idle_timeout=1)
     server.mode = mode
     started = time.monotonic()
     with pytest.raises(ServedError) as caught:
@@ -55,6 +67,60 @@ def test_a_server_answer_that_is_not_a_whole_stream_is_a_named_error_for_that_re
         caught.value
     )
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize("value", ["abc", -5, 0, True, 2**40, 2048.5])
+def test_a_servers_max_model_len_is_checked_before_anything_is_sent(server, tiny_checkpoint, value):
+    """The client cuts every prompt to fit what /v1/models claims: a claim that is no length stops the run, named."""
+    server.model_len = value
+    with pytest.raises(ServedError) as refused:
+        served_lm(server, tiny_checkpoint)
+    assert f"/v1/models gives max_model_len={value!r} for 'fake-model': expected a whole number of tokens in [1, " in (
+        str(refused.value)
+    )
+    assert server.requests == 0
+
+
+def test_prompts_cut_to_fit_the_servers_context_are_said_and_recorded(server, tiny_checkpoint, caplog):
+    server.model_len = 6  # with 4 new tokens and lm-eval's one spare, room for one token of prompt
+    lm = served_lm(server, tiny_checkpoint)
+    (answer,) = lm.generate_until(fake_requests(["The capital of France is"], max_gen_toks=4))
+    sent = len(server.payloads[-1]["prompt"][0])
+    assert answer == " word" * 4 and sent == 1
+    engine = lm.decodebench_recorder.task_summaries()["t"]["engine"]
+    assert engine["prompts cut to fit max_model_len"] == 1 and engine["peak tokens cut from a prompt"] >= 4
+    assert "1 of 1 prompts cut from the left by up to" in caplog.text and "a context of 6 tokens" in caplog.text
+    server.model_len = 5  # no room at all
+    lm = served_lm(server, tiny_checkpoint)
+    with pytest.raises(
+        ServedError,
+        match=r"a context of 5 tokens \(max_model_len of .*\) leaves no room for a prompt before max_gen_toks=4",
+    ):
+        lm.generate_until(fake_requests(["The capital of France is"], max_gen_toks=4))
+
+
+def test_the_peak_of_requests_in_flight_is_the_clients_own_count_over_any_window(tiny_checkpoint):
+    """The server's gauges are read a second apart: a window shorter than that recorded a peak of 0."""
+    with FakeOpenAI(mode="hold") as server:
+        server.hold_until = 4  # every answer waits until 4 requests are in flight at once
+        lm = served_lm(server, tiny_checkpoint, num_concurrent=4)
+        lm.generate_until(fake_requests(["The capital of France is"] * 8, max_gen_toks=4))
+        engine = lm.decodebench_recorder.task_summaries()["t"]["engine"]
+        assert engine["peak client requests in flight"] == 4 == server.peak_in_flight
+
+
+def test_a_warm_up_sends_the_tasks_first_requests_untimed_and_keeps_them_out_of_every_figure(server, tiny_checkpoint):
+    lm = served_lm(server, tiny_checkpoint, warmup=2)
+    prompts = ["The capital of France is", "Two and two make", "Paris is"]
+    answers = lm.generate_until(fake_requests(prompts, max_gen_toks=4))
+    assert answers == [" word" * 4] * 3 and server.requests == 5
+    assert [p["prompt"] for p in server.payloads[:2]] == [p["prompt"] for p in server.payloads[2:4]]
+    summary = lm.decodebench_recorder.task_summaries()["t"]
+    assert summary["requests"] == 3 and summary["new_tokens"] == 12
+    assert summary["engine"]["warm-up requests (untimed)"] == 2
+    for bad in ("-1", "two", "1.5"):
+        with pytest.raises(ValueError, match="untimed requests before each task's timed ones, a whole number >= 0"):
+            served_lm(server, tiny_checkpoint, warmup=bad)
 
 
 def test_a_transient_503_is_retried_and_counted(server, tiny_checkpoint):
@@ -117,8 +183,9 @@ def test_unreadable_server_counters_are_unavailable_and_do_not_hold_the_run(tiny
             assert answer == " word" * GOOD_TOKENS
             engine = lm.decodebench_recorder.task_summaries()["t"]["engine"]
             assert time.monotonic() - started < 20, metrics  # two scrapes of a page that never ends, bounded
-            if metrics == "trickle":
-                assert engine == {"unavailable": "the server's /metrics could not be read"}
+            if metrics == "trickle":  # the client's own figures stay
+                assert engine["unavailable"] == "the server's /metrics could not be read"
+                assert engine["peak client requests in flight"] == 1 and "peak vllm:num_requests_running" not in engine
             else:  # the NaN gauge is left out, the rest read
                 assert "peak vllm:num_requests_running" not in json.dumps(engine)
 

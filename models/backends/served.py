@@ -67,6 +67,8 @@ log = logging.getLogger(__name__)
 
 # counters of vLLM's /metrics whose growth over a task is recorded (speculative decoding, prefix cache)
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+# the peak of requests in flight as the client counted them (the server's gauges are sampled, a second apart)
+CLIENT_PEAK = "client requests in flight"
 
 
 # what a retry may cure; any other status is the server's answer
@@ -77,6 +79,13 @@ MAX_CHARS_PER_TOKEN = 256
 METRICS_MAX_BYTES = 16 * 2**20
 # the longest line of server-sent events a stream may send (one chunk's JSON; its text is bounded apart, by max_tokens)
 MAX_LINE_BYTES = 2**20
+# how far a server's usage.prompt_tokens may be from the prompt's tokens as sent (special tokens a server adds)
+PROMPT_TOKENS_SLACK = 4
+# the longest context a server's /v1/models may claim (beyond any model served today)
+MAX_MODEL_LEN = 2**24
+# the default limit between two data chunks of a stream (comments and keep-alives do not reset it), or the request's
+# whole timeout where that is shorter
+IDLE_TIMEOUT_S = 60.0
 
 
 class ServedError(RuntimeError):
@@ -84,7 +93,8 @@ class ServedError(RuntimeError):
 
 
 class TransientError(OSError):
-    """A failure another attempt may cure: the server's 429/5xx, or a stream cut before its end."""
+    """A failure another attempt may cure: the server's 429/5xx, a broken HTTP answer, or a stream cut before its
+    end."""
 
 
 @dataclass
@@ -104,12 +114,22 @@ class Streamed:
     spec_decode: dict[str, float] | None = None
 
 
-async def sse_lines(content):
+async def sse_lines(content, deadline=lambda: math.inf):
     """A stream's lines, each with the time the block that completed it arrived. Read in whole blocks and split
     here, not line by line through aiohttp (a server writes several lines at once, and a readline per line cost the
-    client ~30% of its time at 64 requests in flight); a line longer than MAX_LINE_BYTES is refused."""
+    client ~30% of its time at 64 requests in flight); a line longer than MAX_LINE_BYTES is refused. ``deadline()``:
+    the ``time.perf_counter()`` by which the next block must have come (the caller moves it on data, not on comments),
+    else ``StalledError``."""
     pending = b""
-    async for block in content.iter_any():
+    while True:
+        try:
+            block = await asyncio.wait_for(content.readany(), max(0.0, deadline() - time.perf_counter()))
+        except TimeoutError:
+            if time.perf_counter() < deadline():  # the request's total timeout, not the idle limit
+                raise
+            raise StalledError() from None
+        if not block:
+            break
         now = time.perf_counter()
         *lines, pending = (pending + block).split(b"\n")
         if len(pending) > MAX_LINE_BYTES or any(len(line) > MAX_LINE_BYTES for line in lines):
@@ -120,12 +140,19 @@ async def sse_lines(content):
         yield pending, time.perf_counter()
 
 
+class StalledError(ServedError):
+    """No data chunk came within the idle limit."""
+
+
 class StreamCheck:
     """One streamed answer's chunks, checked as they come: the OpenAI completions schema, the finish reason and
     ``[DONE]``, and the server's token counts (``usage``), which decide throughput and so are never taken on trust."""
 
-    def __init__(self, max_tokens: int):
+    def __init__(self, max_tokens: int, model: str | None = None, prompt_tokens_sent: int | None = None):
         self.max_tokens = int(max_tokens)
+        self.model = model  # the model asked for: every chunk that names one must name it
+        self.prompt_tokens_sent = prompt_tokens_sent
+        self.text_chunks = 0
         self.completion_tokens = 0
         self.prompt_tokens: int | None = None
         self.finish_reason: str | None = None
@@ -146,14 +173,25 @@ class StreamCheck:
             raise ServedError(f"a stream chunk is not a JSON object: {data[:200]!r}")
         if "error" in chunk:
             raise ServedError(f"the server reported an error mid-stream: {str(chunk['error'])[:500]}")
+        if self.model is not None and "model" in chunk and chunk["model"] != self.model:
+            raise ServedError(
+                f"the stream answers for model {chunk['model']!r}, not {self.model!r}, the model asked for"
+            )
         choices = chunk.get("choices")
         if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
             raise ServedError(f"a stream chunk has no list of choices (not the completions schema): {data[:200]!r}")
         for choice in choices:
+            # one completion was asked for: choice 0; another index is another answer, never part of this one
+            index = choice.get("index", 0)
+            if index != 0:
+                raise ServedError(f"a chunk of choice {index!r}, where one completion (choice 0) was asked for")
             text = choice.get("text")
             if text is not None and not isinstance(text, str):
                 raise ServedError(f"a choice's text is not a string: {data[:200]!r}")
+            if text and self.finish_reason is not None:
+                raise ServedError(f"the server sent text after the finish reason: {data[:200]!r}")
             self.text_chars += len(text or "")
+            self.text_chunks += bool(text)
             if choice.get("finish_reason"):
                 self.finish_reason = _finish_reason(choice)
         if self.text_chars > MAX_CHARS_PER_TOKEN * self.max_tokens:
@@ -198,6 +236,19 @@ class StreamCheck:
             )
         if self.text_chars and not self.completion_tokens:
             raise ServedError(f"the server sent {self.text_chars} characters of text with usage.completion_tokens=0")
+        if self.completion_tokens < self.text_chunks:  # each chunk of text is at least one token decoded
+            raise ServedError(
+                f"usage.completion_tokens={self.completion_tokens} for {self.text_chunks} chunks of text: each chunk "
+                "carries at least one token"
+            )
+        if self.finish_reason == "length" and not self.completion_tokens:
+            raise ServedError("finish_reason 'length' (max_tokens reached) with no token and no text")
+        sent = self.prompt_tokens_sent
+        if sent is not None and abs(self.prompt_tokens - sent) > PROMPT_TOKENS_SLACK:
+            raise ServedError(
+                f"usage.prompt_tokens={self.prompt_tokens} for a prompt sent as {sent} tokens (allowed: within "
+                f"{PROMPT_TOKENS_SLACK}, for special tokens a server adds)"
+            )
 
 
 def server_root(base_url: str) -> str:
@@ -249,6 +300,8 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
         num_concurrent: int | None = None,
         energy_url: str | None = None,
         timeout: int = 600,
+        idle_timeout: float | None = None,
+        warmup: int = 0,
         max_length: int | None = None,
         request_rate: float | None = None,
         burstiness: float | None = None,
@@ -263,6 +316,15 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
                 "serve` (`decodebench serve` starts one)"
             )
         self.server = server_root(base_url)
+        self.warmup = int(warmup) if str(warmup).isdigit() else -1
+        if self.warmup < 0:
+            raise ValueError(f"warmup={warmup!r}: untimed requests before each task's timed ones, a whole number >= 0")
+        default = min(IDLE_TIMEOUT_S, float(timeout))
+        self.idle_timeout = default if idle_timeout is None else float(idle_timeout)
+        if not (math.isfinite(self.idle_timeout) and 0 < self.idle_timeout <= float(timeout)):
+            raise ValueError(
+                f"idle_timeout={idle_timeout!r}: seconds a stream may go without data, in (0, timeout={timeout}]"
+            )
         # the load and the objectives are checked before the server is asked anything
         self.load = Load.from_args(num_concurrent, request_rate, burstiness, max_concurrency, kwargs.get("seed", 1234))
         objectives = parse_slo(slo) if slo is not None else None
@@ -275,6 +337,7 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
         if model not in ids:
             raise ValueError(f"model={model!r} is not served at {self.server}; it serves {ids}")
         card = next(c for c in models if c["id"] == model)
+        self.context_len = int(max_length or checked_model_len(card, self.server) or 2048)
         # the tokenizer that builds prompts here: the one given, else `pretrained` (the embedded model's by
         # default, which `decodebench serve` serves), else the served model's own id (a hub id or a local path)
         if tokenizer is None:
@@ -288,7 +351,7 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
             tokenizer_backend="huggingface",
             num_concurrent=self.load.in_flight or 1,
             timeout=int(timeout),
-            max_length=int(max_length or card.get("max_model_len") or 2048),
+            max_length=self.context_len,
             tokenized_requests=True,
             **kwargs,
         )
@@ -309,14 +372,26 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
         for klass in (LocalCompletionsAPI, LocalCompletionsAPI.__mro__[1]):
             params = inspect.signature(klass.__init__).parameters.values()
             named |= {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
-        own = {"energy_url", "request_rate", "burstiness", "max_concurrency", "slo"}
+        own = {"energy_url", "request_rate", "burstiness", "max_concurrency", "slo", "idle_timeout", "warmup"}
         return sorted((named | own) - {"self", "tokenizer_backend", "tokenized_requests"})
 
     # -- lm-eval API: generate_until is BackendLM's; its step (a task is one batch) ----------
     def generate_batch_measured(self, task: str, batch: list, answered) -> list[str]:
         """Every request of a task sent under the run's load (closed loop or arrivals), the server's counters read
         around the task's window."""
-        payloads, decodings = zip(*(self._payload(request) for request in batch), strict=True)
+        payloads, decodings, cuts = zip(*(self._payload(request) for request in batch), strict=True)
+        if cut := [n for n in cuts if n]:  # never silent: said here, and recorded with the task
+            log.warning(
+                "task %s: %d of %d prompts cut from the left by up to %d tokens to fit a context of %d tokens "
+                "(max_model_len, or max_length=...) with their max_gen_toks",
+                task,
+                len(cut),
+                len(batch),
+                max(cut),
+                self.context_len,
+            )
+        if self.warmup:  # untimed, before the window opens: in no quality, speed or counter figure
+            self._loop.run(self._warm_up(task, list(payloads[: self.warmup])))
         before = self._scrape()
         arrivals = (
             arrival_times(len(batch), self.load.request_rate, self.load.burstiness, self.load.seed)
@@ -327,6 +402,10 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
             peaks: dict[str, float] = {}
             streamed = self._loop.run(self._send_all(task, batch, list(payloads), arrivals, peaks, answered))
         window.engine = self._server_counters(before, self._scrape(), peaks)
+        window.engine[f"peak {CLIENT_PEAK}"] = peaks.get(CLIENT_PEAK, 0)
+        window.engine["warm-up requests (untimed)"] = min(self.warmup, len(batch))
+        window.engine["prompts cut to fit max_model_len"] = sum(1 for n in cuts if n)
+        window.engine["peak tokens cut from a prompt"] = max(cuts)
         window.load = self.load.describe()
         if arrivals is not None:
             window.load["arrivals_s"] = arrivals.tolist()
@@ -349,13 +428,21 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
             )
         return [out.text for out in streamed]
 
-    def _payload(self, request) -> tuple[dict, dict]:
-        """The request as lm-eval's local-completions would send it, streamed, carrying what the method adds."""
+    def _payload(self, request) -> tuple[dict, dict, int]:
+        """The request as lm-eval's local-completions would send it, streamed, carrying what the method adds; the
+        decoding it asks for; how many tokens were cut off the prompt's start to fit the server's context."""
         context, gen_kwargs = request.args
         kwargs = self.with_sampling_defaults(copy.deepcopy(gen_kwargs))
         max_gen_toks = kwargs.get("max_gen_toks", self._max_gen_toks)
+        room = self.max_length - max_gen_toks  # lm-eval's max_length keeps one token of the context spare
+        if room < 1:
+            raise ServedError(
+                f"a context of {self.context_len} tokens (max_model_len of {self.server}, or max_length) leaves no "
+                f"room for a prompt before max_gen_toks={max_gen_toks} new tokens"
+            )
         tokens = self.tok_encode(context, add_special_tokens=self.add_bos_token)
-        tokens = tokens[-(self.max_length - max_gen_toks) :]
+        cut = max(0, len(tokens) - room)
+        tokens = tokens[cut:]
         payload = self._create_payload(
             self.create_message([tokens]), generate=True, gen_kwargs=kwargs, seed=self._seed, eos=self.eos_string
         )
@@ -368,7 +455,7 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
         payload.update(stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True})
         temperature = float(payload.get("temperature") or 0)
         decoding = decoding_record(temperature > 0, temperature, payload.get("top_k"), payload.get("top_p"))
-        return payload, decoding
+        return payload, decoding, cut
 
     async def _session(self):
         """The run's HTTP session, made on first use in the run's event loop: as many connections as requests may
@@ -382,6 +469,21 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
             )
         return self._http["session"]
 
+    async def _warm_up(self, task: str, payloads: list[dict]) -> None:
+        """The task's first requests, sent once untimed under the run's concurrency, their answers dropped: a fresh
+        server compiles and fills its prefix cache on its first pass (``vllm bench serve --num-warmups``)."""
+        session = await self._session()
+        in_flight = asyncio.Semaphore(self.load.in_flight or len(payloads))
+
+        async def one(payload) -> None:
+            async with in_flight:
+                await self._send(session, payload)
+
+        try:
+            await asyncio.gather(*(one(payload) for payload in payloads))
+        except ServedError as exc:
+            raise ServedError(f"task {task}, warm-up (warmup={self.warmup}): {exc}") from None
+
     async def _send_all(
         self, task: str, batch: list, payloads: list[dict], arrivals, peaks: dict, answered
     ) -> list[Streamed]:
@@ -389,9 +491,19 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
         (open loop, capped by ``max_concurrency`` when given)."""
         session = await self._session()
         in_flight = asyncio.Semaphore(self.load.in_flight) if self.load.in_flight else None
-        done = 0
+        done = sending = 0
         start = time.perf_counter()
         watcher = asyncio.create_task(self._watch_gauges(session, peaks))
+
+        async def sent(payload) -> Streamed:
+            # the client's own count of its requests in flight: exact over any window, however short
+            nonlocal sending
+            sending += 1
+            peaks[CLIENT_PEAK] = max(peaks.get(CLIENT_PEAK, 0), sending)
+            try:
+                return await self._send(session, payload, start)
+            finally:
+                sending -= 1
 
         async def one(number, request, payload) -> Streamed:
             nonlocal done
@@ -399,10 +511,10 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
                 await asyncio.sleep(max(0.0, start + arrivals[number] - time.perf_counter()))
             try:
                 if in_flight is None:
-                    out = await self._send(session, payload, start)
+                    out = await sent(payload)
                 else:
                     async with in_flight:
-                        out = await self._send(session, payload, start)
+                        out = await sent(payload)
             except ServedError as exc:
                 raise ServedError(f"the request for document {request.doc_id}: {exc}") from None
             done += 1
@@ -431,6 +543,8 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
                 last = f"the server at {self.server} failed a request: {exc}"
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 last = f"the server at {self.server} stopped answering ({type(exc).__name__}: {exc})"
+            except aiohttp.ClientError as exc:  # an HTTP answer aiohttp could not read: a bad status line, headers
+                last = f"the server at {self.server} sent a broken HTTP answer ({type(exc).__name__}: {exc})"
             except TimeoutError:
                 raise ServedError(
                     f"a request took more than timeout={self.timeout} s; raise --model_args timeout=... or lower "
@@ -442,8 +556,10 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
 
     async def _stream(self, session, payload: dict) -> Streamed:
         out = Streamed()
-        check = StreamCheck(payload["max_tokens"])
-        started = last = time.perf_counter()
+        prompt = payload.get("prompt")
+        sent = len(prompt[0]) if isinstance(prompt, list) and prompt and isinstance(prompt[0], list) else None
+        check = StreamCheck(payload["max_tokens"], self.model, sent)
+        started = last = last_data = time.perf_counter()
         text_parts = []
         async with session.post(self.base_url, json=payload, headers=self.header, allow_redirects=False) as response:
             if response.status >= 300:
@@ -459,29 +575,37 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
                     f"not server-sent events (text/event-stream): {body!r}"
                 )
             counted = True  # every chunk with text carried the server's token count so far
-            async for raw, now in sse_lines(response.content):
-                line = raw.decode("utf-8", errors="replace").strip()
-                if not line.startswith("data:"):  # blank lines, comments, event:/id:/retry: fields
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    check.done = True
-                    continue
-                choices, grown = check.chunk(data)
-                text = "".join(choice.get("text") or "" for choice in choices)
-                text_parts.append(text)
-                counted = counted and (check.chunk_had_usage or not text)
-                # a chunk of output: it carries text, or tokens the server counted as they came (not the total of a
-                # server that counts only at the end)
-                if not (text or (grown > 0 and counted)):
-                    continue
-                if out.ttft_s is None:
-                    out.ttft_s = now - started
-                else:
-                    out.chunk_gaps_s.append(now - last)
-                    if grown > 0 and counted:  # the gap, shared by the tokens this chunk carries
-                        out.inter_token_s += [(now - last) / grown] * grown
-                last = now
+            try:
+                lines = sse_lines(response.content, deadline=lambda: last_data + self.idle_timeout)
+                async for raw, now in lines:
+                    line = raw.decode("utf-8", errors="replace").strip()
+                    if not line.startswith("data:"):  # blank lines, comments, event:/id:/retry: fields
+                        continue
+                    last_data = now
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        check.done = True
+                        continue
+                    choices, grown = check.chunk(data)
+                    text = "".join(choice.get("text") or "" for choice in choices)
+                    text_parts.append(text)
+                    counted = counted and (check.chunk_had_usage or not text)
+                    # a chunk of output: it carries text, or tokens the server counted as they came (not the total of a
+                    # server that counts only at the end)
+                    if not (text or (grown > 0 and counted)):
+                        continue
+                    if out.ttft_s is None:
+                        out.ttft_s = now - started
+                    else:
+                        out.chunk_gaps_s.append(now - last)
+                        if grown > 0 and counted:  # the gap, shared by the tokens this chunk carries
+                            out.inter_token_s += [(now - last) / grown] * grown
+                    last = now
+            except StalledError:
+                raise ServedError(
+                    f"no data from the server for {self.idle_timeout:g} s (idle_timeout; comments and keep-alives do "
+                    f"not count): the stream stalled after {len(text_parts)} chunks"
+                ) from None
         check.finish()
         if not counted:  # per-token gaps are unknown where the server counted tokens only at the end
             out.inter_token_s = None
@@ -575,6 +699,20 @@ def _close_http(loop: asyncio.Runner, http: dict) -> None:
     closer = threading.Thread(target=close, name="decodebench-close-http")
     closer.start()
     closer.join()
+
+
+def checked_model_len(card: dict, server: str) -> int | None:
+    """The context length a server's /v1/models claims for the model (None where it says none), checked before
+    anything is sent: the client cuts every prompt to fit it."""
+    value = card.get("max_model_len")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_MODEL_LEN:
+        raise ServedError(
+            f"{server}/v1/models gives max_model_len={value!r} for {card['id']!r}: expected a whole number of tokens "
+            f"in [1, {MAX_MODEL_LEN}]"
+        )
+    return value
 
 
 def _finish_reason(choice: dict) -> str:
