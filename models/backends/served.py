@@ -39,6 +39,7 @@ only for the rest, and no results file is written for a failed run. Every other 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import inspect
 import json
@@ -119,23 +120,31 @@ async def sse_lines(content, deadline=lambda: math.inf):
     here, not line by line through aiohttp (a server writes several lines at once, and a readline per line cost the
     client ~30% of its time at 64 requests in flight); a line longer than MAX_LINE_BYTES is refused. ``deadline()``:
     the ``time.perf_counter()`` by which the next block must have come (the caller moves it on data, not on comments),
-    else ``StalledError``."""
+    else ``StalledError``. One timer for the whole stream, moved after each block (a timeout task per read cost the
+    client its throughput at many requests in flight)."""
+    loop = asyncio.get_running_loop()
+
+    def due() -> float | None:  # the deadline on the event loop's clock
+        left = deadline() - time.perf_counter()
+        return None if math.isinf(left) else loop.time() + max(0.0, left)
+
     pending = b""
-    while True:
-        try:
-            block = await asyncio.wait_for(content.readany(), max(0.0, deadline() - time.perf_counter()))
-        except TimeoutError:
-            if time.perf_counter() < deadline():  # the request's total timeout, not the idle limit
-                raise
-            raise StalledError() from None
-        if not block:
-            break
-        now = time.perf_counter()
-        *lines, pending = (pending + block).split(b"\n")
-        if len(pending) > MAX_LINE_BYTES or any(len(line) > MAX_LINE_BYTES for line in lines):
-            raise ServedError(f"the stream is not server-sent events: a line longer than {MAX_LINE_BYTES} bytes")
-        for line in lines:
-            yield line, now
+    try:
+        async with asyncio.timeout(due()) as idle:
+            async for block in content.iter_any():
+                now = time.perf_counter()
+                *lines, pending = (pending + block).split(b"\n")
+                if len(pending) > MAX_LINE_BYTES or any(len(line) > MAX_LINE_BYTES for line in lines):
+                    raise ServedError(
+                        f"the stream is not server-sent events: a line longer than {MAX_LINE_BYTES} bytes"
+                    )
+                for line in lines:
+                    yield line, now
+                idle.reschedule(due())
+    except TimeoutError:
+        if time.perf_counter() < deadline():  # the request's total timeout, not the idle limit
+            raise
+        raise StalledError() from None
     if pending:
         yield pending, time.perf_counter()
 
@@ -576,31 +585,33 @@ class ServedBackend(BackendLM, LocalCompletionsAPI):
                 )
             counted = True  # every chunk with text carried the server's token count so far
             try:
-                lines = sse_lines(response.content, deadline=lambda: last_data + self.idle_timeout)
-                async for raw, now in lines:
-                    line = raw.decode("utf-8", errors="replace").strip()
-                    if not line.startswith("data:"):  # blank lines, comments, event:/id:/retry: fields
-                        continue
-                    last_data = now
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        check.done = True
-                        continue
-                    choices, grown = check.chunk(data)
-                    text = "".join(choice.get("text") or "" for choice in choices)
-                    text_parts.append(text)
-                    counted = counted and (check.chunk_had_usage or not text)
-                    # a chunk of output: it carries text, or tokens the server counted as they came (not the total of a
-                    # server that counts only at the end)
-                    if not (text or (grown > 0 and counted)):
-                        continue
-                    if out.ttft_s is None:
-                        out.ttft_s = now - started
-                    else:
-                        out.chunk_gaps_s.append(now - last)
-                        if grown > 0 and counted:  # the gap, shared by the tokens this chunk carries
-                            out.inter_token_s += [(now - last) / grown] * grown
-                    last = now
+                # closed however the loop ends, so that its idle timer never outlives the stream
+                stream = sse_lines(response.content, deadline=lambda: last_data + self.idle_timeout)
+                async with contextlib.aclosing(stream) as lines:
+                    async for raw, now in lines:
+                        line = raw.decode("utf-8", errors="replace").strip()
+                        if not line.startswith("data:"):  # blank lines, comments, event:/id:/retry: fields
+                            continue
+                        last_data = now
+                        data = line[5:].strip()
+                        if data == "[DONE]":
+                            check.done = True
+                            continue
+                        choices, grown = check.chunk(data)
+                        text = "".join(choice.get("text") or "" for choice in choices)
+                        text_parts.append(text)
+                        counted = counted and (check.chunk_had_usage or not text)
+                        # a chunk of output: it carries text, or tokens the server counted as they came (not the
+                        # total of a server that counts only at the end)
+                        if not (text or (grown > 0 and counted)):
+                            continue
+                        if out.ttft_s is None:
+                            out.ttft_s = now - started
+                        else:
+                            out.chunk_gaps_s.append(now - last)
+                            if grown > 0 and counted:  # the gap, shared by the tokens this chunk carries
+                                out.inter_token_s += [(now - last) / grown] * grown
+                        last = now
             except StalledError:
                 raise ServedError(
                     f"no data from the server for {self.idle_timeout:g} s (idle_timeout; comments and keep-alives do "
