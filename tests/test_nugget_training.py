@@ -232,10 +232,10 @@ def test_the_shipped_checkpoints_match_their_manifests_and_refuse_other_models(t
         assert not checkpoint.feature_norm and TrainingSettings().accumulate == 1
         assert manifest["corpus"] == PROSE_CORPUS and manifest["steps"] == TrainingSettings().steps
         assert manifest["command"].startswith("decodebench train-nugget") and len(manifest["revision"]) >= 40
-    assert sorted(p.name for p in WEIGHTS_DIR.glob("*.safetensors")) == [
+    assert sorted(p.name for p in WEIGHTS_DIR.glob("*.safetensors*")) == [
         "embedded-answer-spans.safetensors",
-        "embedded-r10.safetensors",
-        "embedded-r5.safetensors",
+        "embedded-r10.safetensors.xz",
+        "embedded-r5.safetensors.xz",
     ]
     paper = {"pretrained": str(tiny_checkpoint), "device": "cpu", "selector": "trained"}
     with pytest.raises(CheckpointError, match=r"no shipped checkpoint at ratio=7 \(shipped: ratio 5, 10\)"):
@@ -245,6 +245,29 @@ def test_the_shipped_checkpoints_match_their_manifests_and_refuse_other_models(t
     # the default, the answer-span scorer: one file for every ratio, for the embedded model only
     with pytest.raises(CheckpointError, match=r"embedded-answer-spans\.safetensors was trained for another model"):
         Nugget.create({"pretrained": str(tiny_checkpoint), "device": "cpu", "ratio": 7})
+
+
+def test_a_shipped_checkpoint_is_unpacked_once_and_a_damaged_copy_made_again(tmp_path, monkeypatch):
+    """The paper's compressors ship xz-compressed and are unpacked into the cache: a copy cut or altered there is made
+    again from the packed file (the manifest's sha256 decides), and a packed file that cannot be read is named."""
+    import shutil
+
+    from decodebench.models.nugget import shipped
+
+    monkeypatch.setenv("DECODEBENCH_HOME", str(tmp_path / "home"))
+    path = shipped.shipped_checkpoint(5)
+    expected = shipped.verify(path, required=True)["sha256"]
+    made = path.stat().st_mtime_ns
+    assert shipped.shipped_checkpoint(5) == path and path.stat().st_mtime_ns == made  # once
+    with open(path, "r+b") as copy:
+        copy.truncate(1000)
+    assert shipped.verify(shipped.shipped_checkpoint(5), required=True)["sha256"] == expected
+    weights = tmp_path / "weights"
+    shutil.copytree(shipped.WEIGHTS_DIR, weights)
+    (weights / "embedded-r10.safetensors.xz").write_bytes(b"not xz")
+    monkeypatch.setattr(shipped, "WEIGHTS_DIR", weights)
+    with pytest.raises(CheckpointError, match=r"embedded-r10\.safetensors\.xz: cannot be unpacked .*reinstall"):
+        shipped.shipped_checkpoint(10)
 
 
 def test_a_checkpoint_run_at_another_ratio_says_so(trained, tiny_checkpoint, caplog):
