@@ -1,10 +1,10 @@
 """The share of generations that loop, as every decodebench task reports it: a unit repeated back to back at least
 20 times (numbers counting as equal), or a drifting chain of such loops."""
 
-import datasets
 import evaluate
 
 from decodebench.metrics import degenerate_repetition
+from decodebench.metrics.evaluate_modules import TEXTS, metric_info
 
 _KWARGS = """
 predictions: the model's generations (strings).
@@ -15,11 +15,8 @@ Returns: degenerate_repetition (the share of predictions that loop, in [0, 1]).
 
 class DegenerateRepetition(evaluate.Metric):
     def _info(self):
-        return evaluate.MetricInfo(
-            description=__doc__,
-            citation="Ginart et al., LZ Penalty (degenerate repetition in reasoning models)",
-            inputs_description=_KWARGS,
-            features=datasets.Features({"predictions": datasets.Value("string")}),
+        return metric_info(
+            __doc__, "Ginart et al., LZ Penalty (degenerate repetition in reasoning models)", _KWARGS, TEXTS
         )
 
     def _compute(self, predictions, min_copies=20):

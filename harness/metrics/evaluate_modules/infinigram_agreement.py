@@ -2,10 +2,10 @@
 infinity-gram probability exceeds 0.5, each token given the generated tokens before it, on an infini-gram index
 (decodebench's reference index by default), token-weighted over all predictions."""
 
-import datasets
 import evaluate
 
 from decodebench.metrics import infinigram_agreement
+from decodebench.metrics.evaluate_modules import TEXTS, metric_info
 
 _KWARGS = """
 predictions: the model's generations (strings, tokenized with the index's tokenizer).
@@ -16,11 +16,11 @@ Returns: infinigram_agreement (agreeing tokens over scored tokens), scored_token
 
 class InfinigramAgreement(evaluate.Metric):
     def _info(self):
-        return evaluate.MetricInfo(
-            description=__doc__,
-            citation="Liu et al., Infini-gram: scaling unbounded n-gram language models to a trillion tokens",
-            inputs_description=_KWARGS,
-            features=datasets.Features({"predictions": datasets.Value("string")}),
+        return metric_info(
+            __doc__,
+            "Liu et al., Infini-gram: scaling unbounded n-gram language models to a trillion tokens",
+            _KWARGS,
+            TEXTS,
         )
 
     def _compute(self, predictions, index=None):

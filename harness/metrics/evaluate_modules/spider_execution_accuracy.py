@@ -2,10 +2,10 @@
 run on its database, read-only and bounded, its result compared with the gold query's by the test-suite evaluation's
 semantics (values as values, DISTINCT removed, column permutations, multisets or lists under ORDER BY)."""
 
-import datasets
 import evaluate
 
 from decodebench.metrics import spider_execution_accuracy
+from decodebench.metrics.evaluate_modules import TEXT_PAIRS, metric_info
 
 _KWARGS = """
 predictions: the model's generations (strings; the first SQL statement is scored).
@@ -17,13 +17,11 @@ Returns: execution_accuracy (the mean over predictions, in [0, 1]).
 
 class SpiderExecutionAccuracy(evaluate.Metric):
     def _info(self):
-        return evaluate.MetricInfo(
-            description=__doc__,
-            citation="Yu et al., Spider; Zhong et al., Semantic evaluation for text-to-SQL with distilled test suites",
-            inputs_description=_KWARGS,
-            features=datasets.Features(
-                {"predictions": datasets.Value("string"), "references": datasets.Value("string")}
-            ),
+        return metric_info(
+            __doc__,
+            "Yu et al., Spider; Zhong et al., Semantic evaluation for text-to-SQL with distilled test suites",
+            _KWARGS,
+            TEXT_PAIRS,
         )
 
     def _compute(self, predictions, references, db_paths):

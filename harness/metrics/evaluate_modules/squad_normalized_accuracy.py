@@ -3,10 +3,10 @@ normalized answer contained as whole words in the normalized generation) and the
 and F1, each the best over a question's gold answers, averaged over predictions, as fractions (the official script
 prints percentages)."""
 
-import datasets
 import evaluate
 
 from decodebench.metrics import squad_exact_match, squad_f1, squad_normalized_accuracy
+from decodebench.metrics.evaluate_modules import TEXT_AND_ANSWERS, metric_info
 
 _KWARGS = """
 predictions: the model's answers (strings).
@@ -17,14 +17,12 @@ Returns: normalized_accuracy, exact_match, f1 (means over predictions, in [0, 1]
 
 class SquadNormalizedAccuracy(evaluate.Metric):
     def _info(self):
-        return evaluate.MetricInfo(
-            description=__doc__,
-            citation="Qin et al., Dynamic contextual compression for decoder-only LMs (appendix E); Rajpurkar et al., "
+        return metric_info(
+            __doc__,
+            "Qin et al., Dynamic contextual compression for decoder-only LMs (appendix E); Rajpurkar et al., "
             "SQuAD (v1.1 evaluation script)",
-            inputs_description=_KWARGS,
-            features=datasets.Features(
-                {"predictions": datasets.Value("string"), "references": datasets.Sequence(datasets.Value("string"))}
-            ),
+            _KWARGS,
+            TEXT_AND_ANSWERS,
         )
 
     def _compute(self, predictions, references):
