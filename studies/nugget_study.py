@@ -148,7 +148,6 @@ class Row:
             self.ttft[task], self.kv_bytes[task] = ttft, kv
 
 
-@functools.cache
 def run_store(folder: Path) -> Path:
     """Where the kept runs of the study page whose data is ``folder`` live (beside it: docs/data/nugget-runs)."""
     return Path(folder).parent / RUN_STORE
