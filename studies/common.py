@@ -49,6 +49,7 @@ PAGES = {
     "docs/nugget-study-question-r10.md": "nugget_study",
     "docs/nugget-study-peers.md": "nugget_study",
     "docs/nugget-study-default.md": "nugget_study",
+    "docs/nugget-study-kvpress.md": "nugget_study",
     "docs/nugget-kept.md": "nugget_kept",
     "docs/nugget-kept-answer-spans.md": "nugget_kept",
     "docs/nugget-authors-recipe.md": "nugget_kept",

@@ -6,14 +6,17 @@ presses) runs ``lm_eval --model nugget`` with the embedded model on squad_mini (
 questions) and cnndm_mini (100 real CNN/DailyMail test articles) at each ratio (5 and 10): full context once,
 then the paper's method (``selector=trained``: the compressor shipped for that ratio, models/nugget/weights/),
 its scorer alone on the frozen model, the training-free delimiter stand-in, and the peers truncation,
-StreamingLLM and query-aware attention (SnapKV's kin); with ``--kvpress-python`` also kvpress's SnapKV,
-observed-attention and StreamingLLM presses on the same documents in that interpreter (kvpress needs
-transformers<5.3: ``tox -e kvpress``).
+StreamingLLM and query-aware attention (SnapKV's kin); with ``--kvpress-python`` also kvpress's presses (KVzip,
+Expected Attention, KNorm, StreamingLLM, TOVA, SnapKV, PyramidKV: ``--presses``) on the same documents in that
+interpreter (kvpress needs transformers<5.3: ``tox -e kvpress``), each compressing exactly the document, while the
+lm_eval rows run (``--kvpress-jobs`` processes side by side), and then, alone on the machine, each press's prefill and
+the default's (``answer-spans``) over the plain prefill of the same documents (``--cost-limit``), the order rotating.
 
 For every row: the score with its 95% interval (Wilson for 0/1 accuracy, Student's t for ROUGE), the share of
 full context's score, the paired difference against full context on the same documents (McNemar's exact test
 for accuracy, the paired sign-flip test for ROUGE), the compression achieved, the document's KV bytes per row,
-time to first token (p50) and peak memory; then every compressor against every other at each ratio, paired.
+time to first token (p50) and peak memory; then every compressor against every other at each ratio, paired (with
+kvpress's presses: the default against each press, and against the best query-agnostic one first).
 
 Throughput: full context and the trained method (ratio 10) at batch 1, 8 and 32 on the same squad_mini questions, in
 interleaved rounds (the order alternating each round); tokens/s, the ratio to full context at the same batch
@@ -58,6 +61,7 @@ OURS = (
     "query-attention",
 )
 THROUGHPUT_TASK = "squad_mini"
+WINDOW = 64  # kvpress 0.5.5's SnapKV and PyramidKV observation window (their default)
 # beside each study page's data folder: the kept lm_eval runs of every nugget study, one copy of each
 RUN_STORE = "nugget-runs"
 # in a study page's data folder: {run folder name: {task: its kept run, relative to the store}}
@@ -119,10 +123,9 @@ class Row:
                     self.left_out[task] = values["left_out"]
                 if values.get("note"):
                     self.notes[task] = values["note"]
-                if "machine" in values:  # measured by kvpress_peers.py's first-token pass
-                    self.machines[task] = values["machine"]
-                    self.ttft[task], self.kv_bytes[task] = values["ttft_s"], values["document_kv_bytes"]
-                    self.peak_memory[task] = values["peak_memory_bytes"]
+                self.machines[task] = values["machine"]
+                if values.get("document_kv_bytes"):
+                    self.kv_bytes[task] = values["document_kv_bytes"]
 
     def _read_lm_eval(self, path: Path) -> None:
         from decodebench.reports.reader import read_run, read_text
@@ -214,43 +217,172 @@ def run_lm_eval(
     return run.run_or_raise(f"{label(name, ratio)}, {task}")
 
 
-def kvpress_peers(out: Path, kvpress_python: str, model_path: str, ratio: float, limits) -> dict[str, dict]:
-    """kvpress's presses at ``ratio``, one kvpress process per task: {task: the peers file's content}."""
+@functools.cache
+def peers_code() -> str:
+    """sha256 of the kvpress peers' script: a kept peers file answers only the code that made it."""
+    return hashlib.sha256(Path(__file__).with_name("kvpress_peers.py").read_bytes()).hexdigest()
+
+
+def peers_file(out: Path, ratio: float, task: str, limit: int | None, kind: str = "quality") -> Path:
+    name = f"{task}-limit{limit or 'all'}-code{peers_code()[:12]}"
+    return out / f"kvpress-r{ratio:g}" / (f"{name}.json" if kind == "quality" else f"{name}-{kind}.json")
+
+
+def kvpress_command(args, model_path: str, ratio: float, task: str, limit: int | None, kind: str) -> list[str]:
+    """The kvpress peers' command for one ratio and task (its documents written beside its output)."""
+    target = peers_file(Path(args.out).resolve(), ratio, task, limit, kind)
+    items = target.with_name(f"{task}-limit{limit or 'all'}.items.json")
+    items.parent.mkdir(parents=True, exist_ok=True)
+    items.write_text(json.dumps(kvpress_items({task: limit})))
+    return [
+        *(args.kvpress_python, str(Path(__file__).with_name("kvpress_peers.py")), "--skip-refused"),
+        *("--checkpoint", model_path, "--ratio", f"{ratio:g}", "--items", str(items), "--presses", args.presses),
+        *("--out", str(target), *(["--cost"] if kind == "cost" else [])),
+    ]
+
+
+def start_kvpress_quality(args, model_path: str) -> tuple:
+    """Start the kvpress presses' quality runs not kept yet (each ratio and task its own process, at most
+    ``--kvpress-jobs`` at a time, each with its share of the cores: a 135M model's decoding is bound by per-step
+    overheads, so processes side by side finish sooner than one with every core); they run while the lm_eval rows
+    run. Returns what ``finish_kvpress_quality`` waits on."""
+    import os
+    import threading
+
+    pending = []
+    for ratio in args.ratios:
+        for task, limit in args.limit.items():
+            target = peers_file(Path(args.out).resolve(), ratio, task, limit)
+            if not target.is_file():
+                pending.append(
+                    (
+                        f"kvpress presses @ {ratio:g} on {task}",
+                        kvpress_command(args, model_path, ratio, task, limit, "quality"),
+                        target,
+                    )
+                )
+    threads = str(max(1, (os.cpu_count() or 1) // args.kvpress_jobs))
+    env = {**offline_env(), "OMP_NUM_THREADS": threads}
+    slots = threading.Semaphore(args.kvpress_jobs)
+    started: list[tuple[str, subprocess.Popen, Path]] = []
+
+    def run_all():
+        for what, command, target in pending:
+            slots.acquire()
+            log = target.with_suffix(".log").open("w")
+            print(f"\n{what} (log: {log.name}): {' '.join(command)}", flush=True)
+            process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+            started.append((what, process, target))
+            threading.Thread(target=lambda p=process: (p.wait(), slots.release()), daemon=True).start()
+
+    launcher = threading.Thread(target=run_all, daemon=True)
+    launcher.start()
+    return launcher, started, len(pending)
+
+
+def finish_kvpress_quality(handle) -> None:
+    """Wait for the kvpress runs ``start_kvpress_quality`` started; a failed one stops the study, naming its log."""
+    launcher, started, count = handle
+    launcher.join()
+    for what, process, target in started:
+        if process.wait() != 0:
+            raise SystemExit(f"{what} failed; its output: {target.with_suffix('.log')}")
+    assert len(started) == count
+
+
+def kvpress_cost(args, model_path: str, ratio: float) -> dict[str, dict]:
+    """Each press's prefill against the plain prefill per document, in the kvpress interpreter, alone on the machine
+    (after every quality run): {task: the cost file's content}."""
+
     found = {}
-    for task, limit in limits.items():
-        peers_file = out / f"kvpress-r{ratio:g}" / f"{task}-limit{limit or 'all'}.json"
-        if not peers_file.is_file():
-            items_file = peers_file.with_suffix(".items.json")
-            items_file.parent.mkdir(parents=True, exist_ok=True)
-            items_file.write_text(json.dumps(kvpress_items({task: limit})))
-            command = [
-                *(kvpress_python, str(Path(__file__).with_name("kvpress_peers.py")), "--skip-refused"),
-                *("--checkpoint", model_path, "--ratio", str(ratio), "--items", str(items_file)),
-                *("--out", str(peers_file)),
-            ]
-            print(f"\nkvpress presses @ {ratio:g} on {task}: {' '.join(command)}", flush=True)
-            if subprocess.call(command, env=offline_env()) != 0:
-                raise SystemExit("the kvpress run failed; see its output above")
-        found[task] = json.loads(peers_file.read_text())
+    for task, limit in args.cost_limit.items():
+        target = peers_file(Path(args.out).resolve(), ratio, task, limit, "cost")
+        command = kvpress_command(args, model_path, ratio, task, limit, "cost")
+        print(f"\nkvpress prefill cost @ {ratio:g} on {task}: {' '.join(command)}", flush=True)
+        if subprocess.call(command, env=offline_env()) != 0:
+            raise SystemExit("the kvpress cost run failed; see its output above")
+        found[task] = json.loads(target.read_text())
     return found
+
+
+def default_cost(ratio: float, limits: dict[str, int | None]) -> dict:
+    """The default compressor's prefill (``--model nugget``'s answer-span scorer reading the encoding pass, then the
+    kept positions) against the plain prefill of the same opening and document, per document, the order alternating
+    from document to document, with each side's peak memory: {task: {side: {doc_id: [seconds, peak bytes]}}}. A
+    discarded prefill of each side first pays the first-run costs."""
+    import torch
+    from lm_eval.api.registry import get_model
+    from tqdm import tqdm
+
+    from decodebench.measure.memory import open_memory_meter
+    from decodebench.models.nugget.compressor import encode_nuggets
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # lm_eval's own default is cuda, even without one
+    lm = get_model("nugget").create_from_arg_string(
+        f"pretrained=embedded,selector=answer-spans,ratio={ratio:g},device={device}"
+    )
+    method, model, selector = lm.method, lm.model, lm.method.selector
+    meter = open_memory_meter(lm.device.type, lm.device)
+
+    def prefill(side: str, ids: list[int], n: int, opening: int) -> tuple[float, int | None]:
+        document = torch.tensor([ids[:n]], device=lm.device)
+        meter.start()
+        started = time.perf_counter()
+        with torch.inference_mode():
+            if side == "plain":
+                model(input_ids=document, use_cache=True, logits_to_keep=1)
+            else:
+                scores = selector.encoding_scores(lm, document, ids[n:])
+                encode_nuggets(model, document, scores, ratio, encoder=False, kept_whole=opening)
+        return time.perf_counter() - started, meter.peak_bytes()
+
+    cost: dict[str, dict] = {}
+    sides = ("plain", "answer-spans")
+    for name, limit in limits.items():
+        task, docs = common.task_docs(name, limit)
+        prompts = []
+        for doc in docs:
+            prompt = lm.apply_chat_template([{"role": "user", "content": task.doc_to_text(doc)}])
+            ids = lm.tok_batch_encode([prompt])[0][0].tolist()
+            n = method.split_point(lm, ids)
+            prompts.append((ids, n, method.opening_length(lm, ids, n)))
+        for side in sides:
+            prefill(side, *prompts[0])
+        for doc_id, prompt in enumerate(tqdm(prompts, desc=f"default prefill cost @ {ratio:g} on {name}")):
+            for side in sides if doc_id % 2 == 0 else sides[::-1]:
+                seconds, peak = prefill(side, *prompt)
+                cost.setdefault(name, {}).setdefault(side, {})[str(doc_id)] = [seconds, peak]
+    return {"memory_source": meter.source, "by_task": cost}
 
 
 def kvpress_rows(folder: Path, ratio: float) -> list[Row]:
     """The kept kvpress peers at ``ratio`` as rows; a press that could not apply to some documents names them."""
     per_press: dict[str, dict] = {}
     reasons: dict[str, str] = {}
-    for peers_file in sorted((folder / "kvpress" / f"r{ratio:g}").glob("*.json")):
-        peers = json.loads(peers_file.read_text())
+    for path in sorted((folder / "kvpress" / f"r{ratio:g}").glob("*.json")):
+        if path.name.endswith("-cost.json"):
+            continue
+        peers = json.loads(path.read_text())
         for press in PRESSES:
             if press in peers:
+                for values in peers[press].values():
+                    values["machine"] = peers["machine"]
                 per_press.setdefault(press, {}).update(peers[press])
-                if press in peers.get("left_out", {}):
-                    reasons[press] = peers["left_out"][press]
-    return [
-        Row(f"kvpress {press}", ratio, press=per_press[press], left_out_reason=reasons.get(press))
-        for press in PRESSES
-        if press in per_press
-    ]
+                reasons.update(peers.get("left_out", {}))
+    rows = []
+    for press in (p for p in PRESSES if p in per_press):
+        row = Row(f"kvpress {press}", ratio, press=per_press[press], left_out_reason=reasons.get(press))
+        for task, values in per_press[press].items():
+            if press == "SnapKV" and values.get("document_tokens"):
+                # the window's scores are padded above every other score: a budget within it keeps window tokens
+                within = sum(math.ceil(n / ratio) <= WINDOW for n in values["document_tokens"])
+                row.notes[task] = (
+                    f"keeps no more document tokens than its {WINDOW}-token observation window on {within} of "
+                    f"{len(values['document_tokens'])} documents, and ranks that window above every other token: "
+                    f"there it keeps only tokens of the document's last {WINDOW}"
+                )
+        rows.append(row)
+    return rows
 
 
 def kvpress_items(limits: dict[str, int | None]) -> list[dict]:
@@ -295,6 +427,7 @@ def collect(folder: Path, argv: list[str], args) -> None:
     if spans:
         save_json(folder, "span_scorer.json", spans)
     runs = [("full", None)] + [(name, ratio) for ratio in args.ratios for name in args.selectors]
+    kvpress_runs = start_kvpress_quality(args, model_path) if args.kvpress_python else None
     for name, ratio in runs:
         for task, limit in args.limit.items():
             weights = checkpoints[f"{ratio:g}"]["sha256"] if name in ("trained", "scorer only") else None
@@ -302,9 +435,20 @@ def collect(folder: Path, argv: list[str], args) -> None:
             results = run_lm_eval(out, name, ratio, task, limit, args.batch_size, weights, args.wrapper)
             keep_run(folder, name, ratio, task, results)
     if args.kvpress_python:
+        finish_kvpress_quality(kvpress_runs)
         for ratio in args.ratios:
-            for task, peers in kvpress_peers(out, args.kvpress_python, model_path, ratio, args.limit).items():
-                save_json(folder / "kvpress" / f"r{ratio:g}", f"{task}.json", peers)
+            for task, limit in args.limit.items():
+                save_json(
+                    folder / "kvpress" / f"r{ratio:g}",
+                    f"{task}.json",
+                    json.loads(peers_file(out, ratio, task, limit).read_text()),
+                )
+        # what compressing costs, measured alone on the machine once every quality run is done
+        for ratio in args.ratios:
+            for task, cost in kvpress_cost(args, model_path, ratio).items():
+                save_json(folder / "kvpress" / f"r{ratio:g}", f"{task}-cost.json", cost)
+            if "answer-spans" in args.selectors:
+                save_json(folder / "default-cost", f"r{ratio:g}.json", default_cost(ratio, args.cost_limit))
     if args.rounds:
         save_json(folder, "throughput.json", measure_throughput(out / "throughput", args))
     record_run(folder, __file__, argv, started, quality_batch_size=args.batch_size)
@@ -385,6 +529,31 @@ def read_rows(folder: Path) -> tuple[list[Row], list[float]]:
     return full + by_ratio, ratios
 
 
+def made_elsewhere(folder: Path, run: dict) -> list[str]:
+    """The rows whose kept run finished before this page's command started: its command did not make them (its
+    reuse rule finds a finished run by its folder's name), so the page cannot vouch for them. The start is taken as
+    the last kept run's finish less the command's duration: never later than the true start, so a row named here
+    surely predates it."""
+    from datetime import datetime, timedelta
+
+    finished = {
+        (run_name, task): datetime.strptime(where.rpartition("/")[2].partition("-")[2], "%Y-%m-%dT%H-%M-%S.%f")
+        for run_name, tasks in load_json(folder, RUNS_FILE).items()
+        for task, where in tasks.items()
+    }
+    started = max(finished.values()) - timedelta(seconds=run.get("seconds", 0))
+    earlier = sorted((when, name, task) for (name, task), when in finished.items() if when < started)
+    if not earlier:
+        return []
+    return [
+        f"- **not made by this command as run:** {len(earlier)} of the page's {len(finished)} runs finished before "
+        f"it started ({started:%Y-%m-%d %H:%M} UTC at the latest): its reuse rule found them in its output folder, "
+        "put there by an earlier invocation or by something else, and the page cannot show which; only a rerun "
+        "into a fresh `--out` makes them this command's: "
+        + ", ".join(f"{name.replace('-r-', ' @ ')} on {task} ({when:%Y-%m-%d})" for when, name, task in earlier)
+    ]
+
+
 def layout_line(folder: Path) -> str:
     """What the runs compressed, from the arguments each nugget run recorded (a run from before ``wrapper`` existed
     compressed the template's opening with the document)."""
@@ -420,13 +589,12 @@ def render(folder: Path) -> str:
     run = load_json(folder, "run.json")
     checkpoints = load_json(folder, "checkpoints.json")
     full = rows[0]
-    lines = run_header(
-        folder,
-        f"Nugget study: quality kept at ratio{'s' if len(ratios) > 1 else ''} "
-        + " and ".join(f"{r:g}" for r in ratios),
-        "nugget-study",
-    )
+    at_ratios = f"ratio{'s' if len(ratios) > 1 else ''} " + " and ".join(f"{r:g}" for r in ratios)
+    kvpress = any(row.name.startswith("kvpress") for row in rows)
+    title = f"the default against kvpress's presses at {at_ratios}" if kvpress else f"quality kept at {at_ratios}"
+    lines = run_header(folder, f"Nugget study: {title}", "nugget-study")
     limits = {task: len(full.scores[task]) for task in TASKS if task in full.scores}
+    lines += made_elsewhere(folder, run)
     trained_lines = []
     for ratio, manifest in sorted(checkpoints.items(), key=lambda item: float(item[0])):
         held = manifest["held_out_loss"]
@@ -438,7 +606,6 @@ def render(folder: Path) -> str:
             f"evaluation samples), held-out loss {held[0][1]:.3f} -> {held[-1][1]:.3f}, trained on "
             f"{manifest['machine']}"
         )
-    kvpress = any(row.name.startswith("kvpress") for row in rows)
     names = {row.name for row in rows}
     lines += [
         f"- model: the embedded SmolLM2-135M-Instruct, greedy, chat template, batch {run['quality_batch_size']} "
@@ -458,25 +625,8 @@ def render(folder: Path) -> str:
             else []
         ),
         *span_scorer_lines(folder),
-        (
-            "- `scorer only` is the shipped scorer on the frozen model (an ablation); "
-            if "scorer only" in names
-            else "- "
-        )
-        + "`delimiter` is the training-free, query-independent stand-in; "
-        + (
-            "`salience` (names and numbers, then surprisal, whole words: query-independent, ours), "
-            if "salience" in names
-            else ""
-        )
-        + (
-            "`question-overlap` (the sentences sharing most words with the question first, salience within them: "
-            "query-aware, ours), "
-            if "question-overlap" in names
-            else ""
-        )
-        + "`query-attention` (query-aware, SnapKV's kin), `truncation` and `streaming` (StreamingLLM, 4 sinks) are "
-        "the training-free peers",
+        *our_peers_lines(names),
+        *(kvpress_lines() if kvpress else []),
         "- interval: 95% (Wilson with continuity correction for accuracy, Student's t for ROUGE); vs full: paired on "
         "the same documents (McNemar exact for accuracy, the paired sign-flip permutation test for ROUGE, with the "
         "interval each implies); KV: the document's kept key/value bytes per row; TTFT: p50 over rows; peak memory: "
@@ -543,7 +693,9 @@ def render(folder: Path) -> str:
             "study's kvpress rows, not recomputable, are in git history: docs/nugget-study.md before this page).",
             "",
         ]
-    lines += against_peers(rows, ratios)
+    lines += against_default(rows, ratios) if kvpress else against_peers(rows, ratios)
+    if kvpress:
+        lines += cost_section(folder, rows, ratios)
     lines += training_curves(checkpoints)
     lines += span_scorer_curve(folder)
     if (folder / "throughput.json").is_file():
@@ -558,6 +710,188 @@ def render(folder: Path) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+OUR_PEERS = {"scorer only", "delimiter", "salience", "question-overlap", "truncation", "streaming", "query-attention"}
+
+
+def our_peers_lines(names: set[str]) -> list[str]:
+    """What the page says of our training-free peers (none on a page that runs none of them)."""
+    if not names & OUR_PEERS:
+        return []
+    return [
+        (
+            "- `scorer only` is the shipped scorer on the frozen model (an ablation); "
+            if "scorer only" in names
+            else "- "
+        )
+        + "`delimiter` is the training-free, query-independent stand-in; "
+        + (
+            "`salience` (names and numbers, then surprisal, whole words: query-independent, ours), "
+            if "salience" in names
+            else ""
+        )
+        + (
+            "`question-overlap` (the sentences sharing most words with the question first, salience within them: "
+            "query-aware, ours), "
+            if "question-overlap" in names
+            else ""
+        )
+        + "`query-attention` (query-aware, SnapKV's kin), `truncation` and `streaming` (StreamingLLM, 4 sinks) are "
+        "the training-free peers"
+    ]
+
+
+DEFAULT = "answer-spans"  # --model nugget's default selector
+
+
+def kvpress_lines() -> list[str]:
+    """What the page says of kvpress's presses and how they ran."""
+    return [
+        "- kvpress 0.5.5's presses, in its own environment (`tox -e kvpress`: transformers<5.3), through kvpress's "
+        "text-generation pipeline (chat template, greedy, the question after compression, the answer cut at the "
+        "task's stops), batch 1, each compressing exactly the document as `--model nugget` does: the chat "
+        "template's opening kept whole, ceil(n / ratio) of the document's n tokens kept, the question uncompressed "
+        "(kvpress's `compression_ratio` set per document to drop the rest, the opening ranked above every document "
+        "token; studies/kvpress_peers.py). Each press's defaults otherwise:",
+        *(f"  - kvpress {name}: {what}" for name, what in PRESSES.items()),
+        "- kvpress's KVzip ranks every layer's and head's pairs together (a layer may keep more than another) and "
+        "masks the pairs it evicts instead of removing them (its authors' repository removes them): its KV column "
+        "counts the pairs it keeps, and its budget, rounded over all layers and heads at once, keeps about half a "
+        "token a row more than the others' (its achieved ratio)",
+        "- kvpress's PyramidKV gives every layer the same budget unless its smallest layer's budget reaches its "
+        "64-token window at beta 20 (a context keeping over 1280 tokens; tests/kvpress_check.py): on these documents "
+        "it runs as SnapKV",
+        "- as run here every press compresses the document before the question is seen, so one compressed "
+        "document serves any question, as the default's does; SnapKV, PyramidKV and TOVA would read the question "
+        "only if it were compressed with the document",
+    ]
+
+
+def paired_at(first: Row, second: Row, task: str):
+    """``first`` minus ``second`` on ``task``, paired on the documents both ran."""
+    from decodebench.metrics.kinds import is_binary_metric, metric_range
+    from decodebench.stats import paired_comparison
+
+    metric = TASKS[task][0]
+    shared = sorted(set(first.scores[task]) & set(second.scores[task]))
+    return paired_comparison(
+        [first.scores[task][d] for d in shared],
+        [second.scores[task][d] for d in shared],
+        binary=is_binary_metric(metric),
+        bounds=metric_range(metric),
+    )
+
+
+def against_default(rows: list[Row], ratios) -> list[str]:
+    """The default against each kvpress press of the same ratio, and against the best query-agnostic one, said
+    plainly."""
+    lines = ["## The default against each press", ""]
+    standing, beaten = [], {}  # beaten: {press: [(task, ratio)]} where the best query-agnostic press is ahead
+    for task, (_, metric_label) in TASKS.items():
+        for ratio in ratios:
+            default = next((r for r in rows if r.name == DEFAULT and r.ratio == ratio and task in r.scores), None)
+            presses = [r for r in rows if r.name.startswith("kvpress") and r.ratio == ratio and task in r.scores]
+            if default is None or not presses:
+                continue
+            lines.append(f"- {task} at ratio {ratio:g} ({metric_label}, the default minus the press, paired):")
+            for press in presses:
+                paired = paired_at(default, press, task)
+                lines.append(f"  - {DEFAULT} vs {press.name}: {comparison_text(paired, DEFAULT, press.name)}")
+            agnostic = [r for r in presses if PRESSES[r.name.removeprefix("kvpress ")].startswith("query-agnostic")]
+            best = max(agnostic, key=lambda r: statistics.mean(r.scores[task].values()))
+            shared = sorted(set(default.scores[task]) & set(best.scores[task]))
+            versus = paired_at(default, best, task)
+            if versus.p_value < 0.05 and versus.difference < 0:
+                beaten.setdefault(best.name, []).append(f"{task} at ratio {ratio:g}")
+            standing.append(
+                f"- {task} at ratio {ratio:g} ({metric_label}): the default "
+                f"{statistics.mean(default.scores[task][d] for d in shared):.3f}, the best query-agnostic press "
+                f"({best.name}) {statistics.mean(best.scores[task][d] for d in shared):.3f}; the default minus the "
+                f"press {comparison_text(versus, DEFAULT, best.name)}"
+            )
+    following = [
+        f"- **{press} beats the default** on {', '.join(where)}. The next step: its scores as a nugget selector "
+        "(ranked once per position, kept in every layer, as `--model nugget` keeps positions: the hybrid), or "
+        f"{press} itself as the default where it wins, its prefill cost (below) accepted"
+        for press, where in beaten.items()
+    ]
+    return ["## Standing", "", *standing, *following, "", *lines, ""]
+
+
+def comparison_text(paired, first: str, second: str) -> str:
+    verdict = (
+        "no significant difference"
+        if paired.p_value >= 0.05
+        else f"{first if paired.difference > 0 else second} is ahead"
+    )
+    return (
+        f"{paired.difference:+.3f} [{paired.interval.low:+.3f}, {paired.interval.high:+.3f}], p = {paired.p_value:.3g} "
+        f"({paired.test}, n = {paired.n}): {verdict}"
+    )
+
+
+def cost_section(folder: Path, rows: list[Row], ratios) -> list[str]:
+    """What compressing costs: each compressor's prefill over the plain prefill of the same document (paired per
+    document, the order rotating), the largest memory growth of a prefill, and the document KV a row keeps."""
+    from decodebench.measure.machine import short_name
+    from decodebench.stats import round_ratio_interval
+
+    lines = [
+        "## What compressing costs",
+        "",
+        "Prefill: the opening and the document through the model, compression included, over the plain prefill of "
+        "the same tokens in the same process, per document (the order of the sides rotating from document to "
+        "document, one discarded prefill of each side first); geometric mean with its 95% interval over documents. "
+        "The default's ratio comes from decodebench's environment and the presses' from kvpress's (each against "
+        "its own plain prefill). Peak growth: the largest memory growth of one prefill (resident memory on a "
+        "CPU: it grows only past what the process already holds, so a dash means no growth). Document KV: what a "
+        "row keeps of the document, from the quality runs. torch threads: "
+        f"{load_json(folder, 'run.json')['machine'].get('torch_threads', 'not recorded')}.",
+        "",
+    ]
+    study_machine = load_json(folder, "run.json")["machine"]
+    order = {press: number for number, press in enumerate(PRESSES)}
+    for ratio in ratios:
+        sources = []  # (the name a side's row has, {task: {side: {doc_id: [seconds, peak]}}}, machine)
+        if (folder / "default-cost" / f"r{ratio:g}.json").is_file():
+            data = load_json(folder / "default-cost", f"r{ratio:g}.json")
+            sources.append(("{}", data["by_task"], study_machine))
+        for path in sorted((folder / "kvpress" / f"r{ratio:g}").glob("*-cost.json")):
+            data = json.loads(path.read_text())
+            sources.append(("kvpress {}", data["cost"]["by_task"], data["machine"]))
+        for task in TASKS:
+            table = []
+            for naming, by_task, machine in sources:
+                plain = by_task.get(task, {}).get("plain", {})
+                for side, per_doc in sorted(by_task.get(task, {}).items(), key=lambda item: order.get(item[0], -1)):
+                    if side == "plain":
+                        continue
+                    label = naming.format(side)
+                    shared = sorted(set(per_doc) & set(plain), key=int)
+                    interval = round_ratio_interval([per_doc[d][0] / plain[d][0] for d in shared])
+                    middle = statistics.geometric_mean([per_doc[d][0] / plain[d][0] for d in shared])
+                    peaks = [per_doc[d][1] for d in shared if per_doc[d][1]]
+                    row = next((r for r in rows if r.name == label and r.ratio == ratio), None)
+                    kv = row.kv_bytes.get(task) if row else None
+                    table.append(
+                        f"| {label} | {middle:.2f}x [{interval.low:.2f}, {interval.high:.2f}] | {len(shared)} "
+                        f"| {statistics.median(per_doc[d][0] for d in shared):.3f} "
+                        f"| {statistics.median(plain[d][0] for d in shared):.3f} "
+                        f"| {f'{max(peaks) / 2**20:.0f}' if peaks else '-'} "
+                        f"| {f'{statistics.mean(kv) / 1024:.0f}' if kv else '-'} | {short_name(machine)} |"
+                    )
+            if table:
+                lines += [
+                    f"### {task} at ratio {ratio:g}",
+                    "",
+                    "| compressor | prefill / plain prefill [95% CI] | documents | prefill p50 (s) | plain p50 (s) "
+                    "| peak growth (MiB) | document KV / row (KiB) | machine |",
+                    "|---|---:|---:|---:|---:|---:|---:|---|",
+                    *table,
+                    "",
+                ]
+    return lines
 
 
 def against_peers(rows: list[Row], ratios) -> list[str]:
@@ -783,6 +1117,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--kvpress-python", default=None, help="python of an environment with kvpress")
     parser.add_argument(
+        "--presses",
+        default=",".join(PRESSES),
+        help="kvpress presses to run with --kvpress-python, comma-separated (default: all of "
+        + ", ".join(PRESSES)
+        + ")",
+    )
+    parser.add_argument(
+        "--cost-limit",
+        type=task_limits,
+        default=task_limits("squad_mini=50,cnndm_mini=20"),
+        help="documents per task whose prefill cost is timed with --kvpress-python (squad_mini=50,cnndm_mini=20)",
+    )
+    parser.add_argument(
+        "--kvpress-jobs", type=int, default=2, help="kvpress quality runs side by side, sharing the cores (default 2)"
+    )
+    parser.add_argument(
         "--selectors",
         default=",".join(OURS),
         help="rows besides full context, comma-separated (default: all of " + ", ".join(OURS) + ")",
@@ -797,6 +1147,10 @@ def main(argv: list[str] | None = None) -> int:
     args.selectors = tuple(s.strip() for s in args.selectors.split(",") if s.strip())
     if unknown := sorted(set(args.selectors) - set(OURS)):
         parser.error(f"unknown selectors {unknown}; choose from {', '.join(OURS)}")
+    if unknown := sorted({p.strip() for p in args.presses.split(",") if p.strip()} - set(PRESSES)):
+        parser.error(f"unknown presses {unknown}; choose from {', '.join(PRESSES)}")
+    if args.kvpress_jobs < 1:
+        parser.error(f"--kvpress-jobs must be at least 1, got {args.kvpress_jobs}")
     return page(args, argv, lambda folder, command: collect(folder, command, args), render)
 
 

@@ -175,3 +175,20 @@ def test_nugget_study_reuses_a_kept_run_only_for_the_same_method_code(tmp_path, 
     assert nugget_study.run_lm_eval(tmp_path, "salience", 5, "squad_mini", None, 8) == first and len(made) == 1
     monkeypatch.setattr(nugget_study, "method_code", lambda: "f" * 64)  # the selection code changed since
     assert nugget_study.run_lm_eval(tmp_path, "salience", 5, "squad_mini", None, 8) != first and len(made) == 2
+
+
+def test_a_nugget_study_page_names_the_rows_its_command_did_not_make(tmp_path):
+    """A kept run that finished before the page's command started was not made by it (issue 66): the page names
+    it; a page whose every run falls inside its command's time names none."""
+    nugget_study = importlib.import_module("nugget_study")
+    runs = {
+        "full": {"squad_mini": "full/squad_mini-2026-11-25T14-17-19.629455"},
+        "salience-r-5": {"squad_mini": "salience-r-5/squad_mini-2026-11-29T05-00-00.000000"},
+        "truncation-r-5": {"squad_mini": "truncation-r-5/squad_mini-2026-11-29T05-30-00.000000"},
+    }
+    common.save_json(tmp_path, nugget_study.RUNS_FILE, runs)
+    (line,) = nugget_study.made_elsewhere(tmp_path, {"seconds": 3600})
+    assert "1 of the page's 3 runs" in line and "full on squad_mini (2026-11-25)" in line
+    assert "salience" not in line and "truncation" not in line
+    # the same runs under a command that took long enough to have made them all
+    assert nugget_study.made_elsewhere(tmp_path, {"seconds": 4 * 24 * 3600}) == []
