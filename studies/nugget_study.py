@@ -228,6 +228,15 @@ def peers_file(out: Path, ratio: float, task: str, limit: int | None, kind: str 
     return out / f"kvpress-r{ratio:g}" / (f"{name}.json" if kind == "quality" else f"{name}-{kind}.json")
 
 
+def has_presses(peers: Path, presses: str) -> bool:
+    """Whether a kept peers file holds every press of ``presses`` (comma-separated): kvpress_peers.py writes it after
+    each press, so a run stopped midway leaves one with fewer, which is run again, never read as finished."""
+    if not peers.is_file():
+        return False
+    wanted = {name.strip() for name in presses.split(",") if name.strip()}
+    return wanted <= json.loads(peers.read_text()).keys()
+
+
 def kvpress_command(args, model_path: str, ratio: float, task: str, limit: int | None, kind: str) -> list[str]:
     """The kvpress peers' command for one ratio and task (its documents written beside its output)."""
     target = peers_file(Path(args.out).resolve(), ratio, task, limit, kind)
@@ -253,7 +262,7 @@ def start_kvpress_quality(args, model_path: str) -> tuple:
     for ratio in args.ratios:
         for task, limit in args.limit.items():
             target = peers_file(Path(args.out).resolve(), ratio, task, limit)
-            if not target.is_file():
+            if not has_presses(target, args.presses):
                 pending.append(
                     (
                         f"kvpress presses @ {ratio:g} on {task}",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import json
 import sys
 
 import pytest
@@ -192,3 +193,14 @@ def test_a_nugget_study_page_names_the_rows_its_command_did_not_make(tmp_path):
     assert "salience" not in line and "truncation" not in line
     # the same runs under a command that took long enough to have made them all
     assert nugget_study.made_elsewhere(tmp_path, {"seconds": 4 * 24 * 3600}) == []
+
+
+def test_a_kvpress_peers_file_stopped_midway_is_run_again(tmp_path):
+    """kvpress_peers.py writes its output after each press: a run stopped after some presses leaves a file that must
+    not pass for a finished one."""
+    nugget_study = importlib.import_module("nugget_study")
+    peers = tmp_path / "peers.json"
+    assert not nugget_study.has_presses(peers, "KVzip,KNorm")
+    peers.write_text(json.dumps({"machine": {}, "ratio": 5, "left_out": {}, "KVzip": {"squad_mini": {"scores": {}}}}))
+    assert not nugget_study.has_presses(peers, "KVzip,KNorm")
+    assert nugget_study.has_presses(peers, "KVzip")
