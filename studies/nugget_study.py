@@ -601,7 +601,7 @@ def render(folder: Path) -> str:
     at_ratios = f"ratio{'s' if len(ratios) > 1 else ''} " + " and ".join(f"{r:g}" for r in ratios)
     kvpress = any(row.name.startswith("kvpress") for row in rows)
     title = f"the default against kvpress's presses at {at_ratios}" if kvpress else f"quality kept at {at_ratios}"
-    lines = run_header(folder, f"Nugget study: {title}", "nugget-study")
+    lines = run_header(folder, f"Nugget study: {title}", "kvpress,nugget-study" if kvpress else "nugget-study")
     limits = {task: len(full.scores[task]) for task in TASKS if task in full.scores}
     lines += made_elsewhere(folder, run)
     trained_lines = []
