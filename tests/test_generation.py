@@ -141,3 +141,31 @@ def test_weights_that_are_not_finite_or_cannot_be_read_are_refused_at_load(tiny_
     with pytest.raises(ValueError, match=rf"pretrained={header}: a weights file cannot be read"):
         Baseline.create({"pretrained": str(header), "device": "cpu"})
     assert torch.isfinite(load_file(str(tiny_checkpoint / "model.safetensors"))[name]).all()
+
+
+@pytest.mark.model
+def test_a_warm_up_decodes_each_tasks_first_requests_untimed_and_keeps_them_out_of_every_figure(tiny_checkpoint):
+    from decodebench.models.baseline import Baseline
+
+    prompts = ["Question: where is the bridge?\nAnswer:", "The river Alder", "A third prompt"]
+    plain = Baseline.create({"pretrained": str(tiny_checkpoint), "device": "cpu", "batch_size": 2})
+    warmed = Baseline.create({"pretrained": str(tiny_checkpoint), "device": "cpu", "batch_size": 2, "warmup": "2"})
+    decoded = []
+    decode = warmed.method.hf_decode
+    warmed.method.hf_decode = lambda lm, input_ids, *args, **kwargs: (
+        decoded.append(input_ids.shape[0]) or decode(lm, input_ids, *args, **kwargs)
+    )
+    requests = fake_requests(prompts, max_gen_toks=4)
+    later = fake_requests(prompts[:1], max_gen_toks=4)
+    for request in later:
+        request.task_name = "later_task"
+    assert warmed.generate_until(requests + later) == plain.generate_until(requests + later)
+    # the first two requests of each task's first batch once untimed (one for the task that has one), then the
+    # timed batches
+    assert decoded == [2, 2, 1, 1, 1]
+    summaries = warmed.decodebench_recorder.task_summaries()
+    assert summaries["t"]["requests"] == 3 and summaries["later_task"]["requests"] == 1
+    assert len(warmed.decodebench_recorder.windows) == len(plain.decodebench_recorder.windows) == 3
+    for bad in ("-1", "two", "1.5"):
+        with pytest.raises(ValueError, match="untimed requests before each task's timed ones, a whole number >= 0"):
+            Baseline.create({"pretrained": str(tiny_checkpoint), "device": "cpu", "warmup": bad})

@@ -98,8 +98,12 @@ def check_finite_weights(model: torch.nn.Module, name: str) -> None:
 class HFBackend(BackendLM, HFLM):
     backend_name = "hf"
 
-    def __init__(self, method: Method, pretrained: Any = None, **backend_kwargs):
+    def __init__(self, method: Method, pretrained: Any = None, warmup: int = 0, **backend_kwargs):
         self.method = method
+        self.warmup = int(warmup) if str(warmup).isdigit() else -1
+        if self.warmup < 0:
+            raise ValueError(f"warmup={warmup!r}: untimed requests before each task's timed ones, a whole number >= 0")
+        self._warmed_tasks: set[str] = set()
         pretrained, self.uses_embedded_model = resolve_pretrained(pretrained)
         # HFLM's own `backend` argument (causal/seq2seq) is not ours: every method here is for
         # decoder-only models.
@@ -126,7 +130,7 @@ class HFBackend(BackendLM, HFLM):
     def accepted_args(cls):
         params = inspect.signature(HFLM.__init__).parameters.values()
         named = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
-        return sorted((named - {"self", "backend"}) | set(FROM_PRETRAINED_PASSTHROUGH))
+        return sorted((named - {"self", "backend"}) | set(FROM_PRETRAINED_PASSTHROUGH) | {"warmup"})
 
     # -- decoding ---------------------------------------------------------------------------
     def decoding_settings(self, kwargs: dict[str, Any], method_defaults: dict[str, Any]) -> dict[str, Any]:
@@ -173,7 +177,20 @@ class HFBackend(BackendLM, HFLM):
     # -- lm-eval API: generate_until is BackendLM's; its two steps ---------------------------
     def generate_batch_measured(self, task: str, batch: list, answered) -> list[str]:
         """One batch as HFLM would generate it, decoded by the method inside a measurement window."""
+        if self.warmup and task not in self._warmed_tasks:
+            self._warm_up(self._plan_batch(task, batch[: self.warmup]))
+            self._warmed_tasks.add(task)
         return self._decode_and_record(self._plan_batch(task, batch), answered)
+
+    def _warm_up(self, plan: BatchPlan) -> None:
+        """``warmup=N``: the first N requests of a task's first batch decoded once, untimed and unrecorded, before
+        that batch (as ``vllm bench``'s warm-ups; N = batch size warms its exact shapes): a process's first decode
+        pays for lazy CUDA initialization, kernel selection and allocator growth that no later one does. It is in
+        no quality, speed or energy figure; a sampling method's random stream moves on by its draws."""
+        self.method.hf_decode(
+            self, plan.input_ids, plan.attention_mask, stop=plan.until, max_new_tokens=plan.max_new_tokens,
+            kwargs=dict(plan.kwargs),
+        )
 
     def _plan_batch(self, task: str, requests: list) -> BatchPlan:
         """One batch as HFLM would generate it: its prompts left-padded and truncated, stop sequences,
