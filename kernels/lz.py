@@ -206,7 +206,7 @@ def apply_lz_penalty_(
         alpha = alpha.to(logits.device, logits.dtype, non_blocking=True)
         alpha = alpha.reshape(-1, 1) if alpha.ndim else alpha
     # a float stays a kernel argument: made into a device tensor it was a host copy that waits for the GPU at every
-    # step (seen on an H200: docs/benchmarks/gpu.md)
+    # step (seen on an H200: docs/benchmarks/h200.md)
     delta = delta.to(logits.dtype) * alpha
     # Empty positions rewrite the row's most recent token with its own (identical) new value, so
     # duplicate indices in a scatter always carry the same value.

@@ -76,6 +76,9 @@ OLD_STATISTICS = (
 NOT_RECOMPUTABLE = {
     "docs/benchmarks/h100.md": "run on a lent H100 before pages kept their data; rerunning needs a GPU"
     + OLD_STATISTICS,
+    "docs/benchmarks/h200.md": "written on a lent H200 by the GPU command's first version (studies/gpu_bench.py at "
+    "d8ba400: 7 documents, 2 rounds, no warm-up, fp32); its data is kept in docs/data/benchmarks/h200/ (`decodebench "
+    "report` reads it), and the present command (`tox -e gpu`) writes docs/benchmarks/gpu.md",
     "docs/lz-study.md": "written before pages kept their data; `tox -e lz-study` reruns it",
     "docs/nugget-objective.md": "its checkpoint and per-window losses were not kept; `tox -e nugget-objective` reruns "
     "it with a trained checkpoint" + OLD_STATISTICS,
@@ -299,6 +302,24 @@ def median_seconds(fn: Callable[[], object], repeats: int, synchronize: Callable
         synchronize()
         samples.append(time.perf_counter() - start)
     return statistics.median(samples)
+
+
+def generate_exactly(model, tokenizer, input_ids, processors: list, new_tokens: int) -> None:
+    """Greedy ``generate`` of exactly ``new_tokens`` tokens a row after unpadded prompts (``min_new_tokens``: every
+    arm of a timing comparison does the same work)."""
+    import torch
+    from transformers import LogitsProcessorList
+
+    with torch.inference_mode():
+        model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            logits_processor=LogitsProcessorList(processors),
+            pad_token_id=tokenizer.eos_token_id,
+        )
 
 
 def task_docs(task_name: str, limit: int | None = None) -> tuple[object, list[dict]]:

@@ -1,105 +1,194 @@
-"""Every CUDA path decodebench has, run on the embedded model by one command (tox -e gpu): docs/benchmarks/gpu.md.
+"""The embedded model on one GPU as a benchmark (tox -e gpu): docs/benchmarks/gpu.md.
 
-``python studies/gpu_bench.py`` (on a GPU machine without a network: the recipe in studies/gpu_wheelhouse.py) runs:
+``python studies/gpu_bench.py`` (on a GPU machine without a network: the recipe in studies/gpu_wheelhouse.py) runs
+four sections (``--sections``, all by default), each into the page's data folder:
 
-1. each method against the baseline through the real ``lm_eval``, on CUDA when there is one (lm-eval's default
-   device), in rounds whose order alternates (``decodebench compare``'s rounds): the LZ penalty's transformers
-   processor, MTAD's row loop (``draft=context``, greedy), nugget's default compressor batched (``--batch_size 8``,
-   against the baseline at batch 8): each method's speed over the baseline's paired per document with its 95%
-   bootstrap interval, quality's paired difference, and joules per token on both sides (NVML's counter);
-2. the kernels under ``torch.cuda.set_sync_debug_mode("error")``: the LZ penalty, MTAD's verification and block
-   verification, on CUDA tensors, each step of them must make no host-device synchronization;
-3. where ``vllm`` imports, decodebench's vLLM tests (the plugins' rules, both runners' processors); where it does
-   not, the page says so (they run on vLLM's CPU build in ``tox -e vllm``, with vLLM's own sampler tests).
+1. ``methods``: each method against the baseline through the real ``lm_eval`` (transformers backend, CUDA, bf16 by
+   default, greedy, batch 1) on the mini tasks, at least 20 documents a task, in rounds whose order rotates: the
+   baseline, the LZ penalty, MTAD (``draft=context``) and MTAD's own loop without drafts (``mode=target``: what
+   MTAD's gain is over its loop's), nugget's default compressor. One discarded baseline run warms the machine up,
+   and every run decodes each task's first request once untimed first (``warmup=1``). Speed: paired per document
+   over the rounds with its bootstrap interval, and each round's ratio with the interval over rounds (which holds
+   run-to-run noise); quality's paired difference; time to first token apart from decode tokens/s; tokens per
+   target call; J per output and per total token, the board's and above the idle power measured in the same run.
+2. ``steps`` (studies/gpu_steps.py): ``generate`` in one process, bf16 and fp32, batch 1 and 64, the baseline
+   against the LZ processor in rotating rounds of windows of at least 2 s, J/token in steady state above idle; the
+   LZ kernel's microseconds per step; where a step's time goes (torch's profiler: host against device).
+3. ``kernels``: the LZ penalty, MTAD's verification and block verification under ``torch.cuda.set_sync_debug_mode``
+   ("error"): each step of them must make no host-device synchronization.
+4. ``vllm``: where ``vllm`` imports, decodebench's vLLM tests; where it does not, the page says so (vLLM's engine on
+   a GPU is its own page).
 
-It keeps what its figures come from in docs/data/benchmarks/gpu/ (each round's lm_eval results and scored samples
-logs, the kernels' and vLLM's outcomes, the machine) and renders the page from that folder alone. ``--dry-run``
-runs the same on this machine's CPU with one document, one round and a few new tokens, into ``--doc`` (tested in
-tests/test_gpu_bench.py); its figures are no GPU's.
+A call with some sections keeps the others' data from the previous call (each section's command is on the page).
+``--dry-run`` runs the same on this machine's CPU at toy sizes, into ``--doc`` (tested in tests/test_gpu_bench.py);
+its figures are no GPU's.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import math
+import shlex
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from common import REPO, RUN_FILE, doc_parser, keep_lm_eval_run, kept_results, load_json, page, record_run, save_json
+import gpu_steps
+from common import (
+    REPO,
+    RUN_FILE,
+    doc_parser,
+    keep_lm_eval_run,
+    kept_results,
+    load_json,
+    page,
+    record_run,
+    save_json,
+    shown_command,
+)
 
 DOC = "docs/benchmarks/gpu.md"
-TITLE = "Every CUDA path on one GPU: methods against the baseline, kernels' host synchronizations, vLLM's checks"
+TITLE = (
+    "The embedded model on one GPU: methods against the baseline through lm_eval, decode steps in bf16 and fp32 at "
+    "batch 1 and 64, host against device, J/token above idle"
+)
 TASKS = ("squad_mini", "cnndm_mini")
-# nugget decodes its compressed contexts batched: it and its baseline run at this batch size, the others at 1
-BATCH_SIZES = {"nugget": 8}
+SECTIONS = ("methods", "steps", "kernels", "vllm")
+# MTAD's own loop without drafts: what part of MTAD's speed is its loop's rather than its drafts'
+TARGET_ONLY = "mtad-target"
 # (tests/test_vllm_upstream.py fetches vLLM's own suite from PyPI: a GPU machine without a network cannot)
 VLLM_TESTS = ("tests/test_mtad_vllm.py", "tests/test_vllm_processor.py")
+DRY_RUN = {
+    "limit": 1,
+    "rounds": 2,
+    "max_gen_toks": 4,
+    "steps": gpu_steps.StepSettings(
+        batches=(1, 2), rounds=2, new_tokens=4, prompt_tokens=64, min_window_s=0.05, idle_s=0.2, profile_tokens=2
+    ),
+}
 
 
-def methods(names: str | None = None) -> list:
-    """The registered methods (``decodebench methods``) with the arguments the main job runs them with, or those
-    named (comma-separated)."""
+def arms(names: str | None = None) -> dict[str, tuple[str, dict]]:
+    """Each arm of the methods section: name -> (lm_eval model, its model_args), from the registered methods
+    (``decodebench methods``) with the arguments the main job runs them with; MTAD brings its target-only loop.
+    ``names`` (comma-separated) keeps only those methods (the baseline always runs)."""
     from decodebench.commands.demo import registered_runs
 
-    runs = [run for run in registered_runs() if run.name != "baseline"]
+    runs = {run.name: (run.model, dict(run.model_args)) for run in registered_runs()}
+    if "mtad" in runs:
+        runs[TARGET_ONLY] = ("mtad", {**runs["mtad"][1], "mode": "target"})
     if names:
         wanted = names.split(",")
-        unknown = sorted(set(wanted) - {run.name for run in runs})
+        unknown = sorted(set(wanted) - set(runs) - {"baseline"})
         if unknown:
-            raise SystemExit(f"--methods: unknown {unknown}; registered: {[run.name for run in runs]}")
-        runs = [run for run in runs if run.name in wanted]
+            raise SystemExit(f"--methods: unknown {unknown}; registered: {sorted(set(runs) - {'baseline'})}")
+        keep = {"baseline", *wanted, *([TARGET_ONLY] if "mtad" in wanted else [])}
+        runs = {name: arm for name, arm in runs.items() if name in keep}
     return runs
 
 
-def collect(
-    folder: Path,
-    argv: list[str],
-    limit: int,
-    rounds: int,
-    max_gen_toks: int,
-    out: str,
-    dry_run: bool,
-    names: str | None = None,
-):
+def references(names) -> dict[str, str]:
+    """Which arm each arm is compared with: the baseline, and MTAD also with its target-only loop."""
+    pairs = {name: "baseline" for name in names if name != "baseline"}
+    return {**pairs, **({"mtad (vs target-only)": TARGET_ONLY} if "mtad" in names and TARGET_ONLY in names else {})}
+
+
+def collect(folder: Path, argv: list[str], args) -> None:
     import torch
 
-    from decodebench.commands.compare import run_rounds
-
     started = time.time()
-    device = "cuda" if torch.cuda.is_available() and not dry_run else "cpu"
-    if device == "cpu" and not dry_run:
+    device = "cuda" if torch.cuda.is_available() and not args.dry_run else "cpu"
+    if device == "cpu" and not args.dry_run:
         raise SystemExit("no CUDA device here: this study measures a GPU (--dry-run runs it on the CPU)")
-    for run in methods(names):
-        batch = BATCH_SIZES.get(run.name, 1)
-        produced = run_rounds(
-            run.model,
-            {"pretrained": "embedded", **run.model_args},
-            {"pretrained": "embedded"},
-            list(TASKS),
-            Path(out).resolve() / run.name,
-            rounds,
-            limit,
-            batch,
-            f"max_gen_toks={max_gen_toks}",
-        )
-        for number, sides in enumerate(produced, 1):
-            for side, results in sides.items():
-                keep_lm_eval_run(results, folder / run.name / f"round-{number}" / side)
-    save_json(folder, "kernels.json", kernel_synchronizations(device))
-    save_json(folder, "vllm.json", vllm_checks())
+    sections = args.sections.split(",")
+    previous = folder.with_name(folder.name + ".previous")
+    made = {}
+    folder.mkdir(parents=True, exist_ok=True)
+    if previous.is_dir() and (previous / RUN_FILE).is_file():  # the sections this call does not run: kept
+        made = load_json(previous, RUN_FILE).get("sections", {})
+        for name in set(made) - set(sections):
+            for path in previous.glob(f"{name}*"):
+                (shutil.copytree if path.is_dir() else shutil.copy2)(path, folder / path.name)
+        made = {name: made[name] for name in set(made) - set(sections)}
+    for name in sections:
+        begun = time.time()
+        if name == "methods":
+            run_methods(folder / "methods", args, device)
+        elif name == "steps":
+            settings = DRY_RUN["steps"] if args.dry_run else gpu_steps.StepSettings(rounds=args.rounds)
+            save_json(folder, "steps.json", gpu_steps.measure(settings, device))
+        elif name == "kernels":
+            save_json(folder, "kernels.json", kernel_synchronizations(device))
+        elif name == "vllm":
+            save_json(folder, "vllm.json", vllm_checks())
+        made[name] = {
+            "command": " ".join(["python studies/gpu_bench.py", *argv]),
+            "seconds": round(time.time() - begun),
+        }
     record_run(
         folder,
         __file__,
         argv,
         started,
         device=device,
-        dry_run=dry_run,
-        limit=limit,
-        rounds=rounds,
-        max_gen_toks=max_gen_toks,
+        dry_run=args.dry_run,
+        sections=made,
+        gpu=gpu_steps.gpu_facts() if device == "cuda" else {},
         torch=torch.__version__,
         cuda=torch.version.cuda,
+    )
+
+
+def run_methods(folder: Path, args, device: str) -> None:
+    """Every arm once a round, the order rotating; the machine warmed by one discarded run first."""
+    from decodebench.commands.runs import LmEvalRun
+
+    limit, rounds, max_gen_toks = (
+        (DRY_RUN["limit"], DRY_RUN["rounds"], DRY_RUN["max_gen_toks"])
+        if args.dry_run
+        else (args.limit, args.rounds, args.max_gen_toks)
+    )
+    chosen = arms(args.methods)
+    names = list(chosen)
+    meter = gpu_steps.Device(device)
+    idle = [meter.idle_watts(DRY_RUN["steps"].idle_s if args.dry_run else 5.0)]
+    out = Path(args.out).resolve()
+    orders = []
+    for dtype in args.dtypes.split(","):
+
+        def run(name, number, dtype=dtype, run_limit=limit, where=None):
+            model, model_args = chosen[name]
+            return LmEvalRun(
+                model=model,
+                model_args={"pretrained": "embedded", "dtype": dtype, "warmup": 1, **model_args},
+                tasks=list(TASKS),
+                output_path=where or out / dtype / f"round-{number}" / name,
+                limit=run_limit,
+                gen_kwargs=f"max_gen_toks={max_gen_toks}",
+            ).run_or_raise(f"[{dtype} round {number}/{rounds}] {name}")
+
+        run("baseline", 0, run_limit=2, where=out / dtype / "machine-warm-up")  # discarded
+        for number in range(1, rounds + 1):
+            order = gpu_steps.rotated(names, number)
+            orders.append({"dtype": dtype, "round": number, "order": order})
+            for name in order:
+                keep_lm_eval_run(run(name, number), folder / dtype / f"round-{number}" / name)
+    idle.append(meter.idle_watts(DRY_RUN["steps"].idle_s if args.dry_run else 5.0))
+    save_json(
+        folder,
+        "methods.json",
+        {
+            "arms": {n: {"model": m, "model_args": a} for n, (m, a) in chosen.items()},
+            "orders": orders,
+            "idle": idle,
+            "limit": limit,
+            "rounds": rounds,
+            "max_gen_toks": max_gen_toks,
+            "warmup": 1,
+            "machine_warm_up_limit": 2,
+        },
     )
 
 
@@ -170,10 +259,11 @@ def vllm_checks() -> dict:
 
 # -- the page --------------------------------------------------------------------------------------------------------
 WAITING = [
-    "**No GPU has run this yet: every figure of this page waits for one.** Until one does, the CUDA paths are checked "
-    "as far as a CPU can check them (`tox -e py,vllm`: the kernels, the plugins against vLLM's GPU-side Python and "
-    "its own tests, this command's dry run), and docs/benchmarks/h100.md records the main job on an H100 "
-    "(sequential runs, no interleaved ratio). On a machine with a CUDA GPU and PyPI:",
+    "**No GPU has run this version of the command yet: every figure of this page waits for one.** The earlier "
+    "version ran once, on an H200 (docs/benchmarks/h200.md: 7 documents a task, 2 rounds, no warm-up, fp32 only). "
+    "Until a GPU runs this one, the CUDA paths are checked as far as a CPU can check them (`tox -e py,vllm`: the "
+    "kernels, the plugins against vLLM's GPU-side Python and its own tests, this command's dry run). On a machine "
+    "with a CUDA GPU and PyPI:",
     "",
     "```",
     "pip install tox && tox -e gpu                        # writes this page; tox -e gpu -- --help for its options",
@@ -181,7 +271,11 @@ WAITING = [
     "",
     "On one without a network (CPython 3.12 with torch, transformers, peft, accelerate and nvidia-ml-py, as this "
     "project's lent GPU machines and many clusters' nodes have), build the wheelhouse where PyPI is reachable, carry "
-    "its parts over one at a time (at most 60 MiB each; `--part-mib` for less), and run the command there:",
+    "its parts over one at a time (each fits beside the tracked tree in 64 MiB; `--part-mib` for less), and run the "
+    "command there. Sections can go in separate calls (a call keeps the other sections' data): the methods section "
+    "is 15 lm_eval runs of about 40 s at 45 tokens/s a row (the host-bound speed seen on an H200), about 10 minutes; "
+    "steps, kernels and vllm together about 2. Where a call may last at most 10 minutes, `--sections methods "
+    "--methods mtad` (the baseline, MTAD and its target-only loop: about 6) and `--sections steps,kernels,vllm`:",
     "",
     "```",
     "python studies/gpu_wheelhouse.py --out wheelhouse    # here: decodebench, lm-eval, the image's gaps, the model",
@@ -192,85 +286,294 @@ WAITING = [
 
 
 def render(folder: Path) -> str:
+    folder = Path(folder)
     lines = [f"# {TITLE}", ""]
-    if not (Path(folder) / RUN_FILE).is_file():
-        return "\n".join([*lines, *WAITING, "", *what_runs(), ""])
+    if not (folder / RUN_FILE).is_file():
+        return "\n".join([*lines, *WAITING, ""])
     run = load_json(folder, RUN_FILE)
     from decodebench.measure.machine import short_name
 
-    minutes = f", {run['seconds'] / 60:.0f} min" if run.get("seconds", 0) >= 60 else ""
+    made = run["sections"]
     lines += [
-        f"Written by `{run['command']}` (`tox -e gpu`) on {run['date']}{minutes}, machine: "
-        f"{short_name(run['machine'])} (torch {run['torch']}, CUDA {run['cuda'] or 'none'}).",
+        f"Machine: {short_name(run['machine'])}; torch {run['torch']} (CUDA {run['cuda'] or 'none'}), "
+        f"{run['date']}. Each section's command (`tox -e gpu -- ...`) and its duration:",
         "",
     ]
+    lines += [
+        f"- {name}: `{shown_command(shlex.split(made[name]['command']))}`, {made[name]['seconds']} s"
+        for name in SECTIONS
+        if name in made
+    ]
+    lines += ["", *gpu_lines(run.get("gpu") or {}), ""]
     if run.get("dry_run"):
-        lines += ["**A dry run on a CPU:** it shows that the command works end to end; no figure here is a GPU's.", ""]
-    lines += [*what_runs(), "", *method_tables(folder, run), *kernel_lines(folder), *vllm_lines(folder)]
-    return "\n".join(lines) + "\n"
+        lines += [
+            "**A dry run on a CPU:** it shows that the command works end to end at toy sizes; no figure here "
+            "is a GPU's.",
+            "",
+        ]
+    if "methods" in made:
+        lines += methods_lines(folder / "methods")
+    if "steps" in made:
+        lines += steps_lines(load_json(folder, "steps.json"))
+    if "kernels" in made:
+        lines += kernel_lines(folder)
+    if "vllm" in made:
+        lines += vllm_lines(folder)
+    return "\n".join(lines).rstrip() + "\n"
 
 
-def what_runs() -> list[str]:
+def gpu_lines(gpu: dict) -> list[str]:
+    if not gpu:
+        return ["GPU: none (NVML sees no device)."]
     return [
-        "What runs: each method against the baseline through `lm_eval` on the mini tasks "
-        f"({', '.join(TASKS)}), in rounds whose order alternates, greedy, batch 1 (nugget and its baseline at batch "
-        f"{BATCH_SIZES['nugget']}); speed: the method's tokens/s over the baseline's, paired per document (tokens "
-        "and seconds summed over the rounds), with its 95% bootstrap interval; quality: the paired difference from "
-        "the baseline with its interval and p (McNemar exact for 0/1 metrics, a sign-flip permutation test "
-        "otherwise); J/token: NVML's energy counter over each task's windows, per output token, the mean over "
-        "rounds. Then the kernels under CUDA's sync debug mode, and decodebench's vLLM tests where vLLM imports.",
+        f"GPU: {gpu['name']}, driver {gpu['driver']} (CUDA driver {gpu['cuda_driver']}), SM clock "
+        f"{gpu['sm_clock_mhz']} MHz at the end of the run (at most {gpu['sm_clock_max_mhz']}), memory clock "
+        f"{gpu['memory_clock_mhz']} MHz "
+        f"(at most {gpu['memory_clock_max_mhz']}), power limit {fmt(gpu['power_limit_w'], '.0f')} W, persistence mode "
+        f"{gpu['persistence_mode']}."
     ]
 
 
-def method_tables(folder: Path, run: dict) -> list[str]:
+def fmt(value, spec: str) -> str:
+    return format(value, spec) if isinstance(value, int | float) else str(value)
+
+
+def with_interval(value: float, interval, spec: str = ".3f") -> str:
+    if interval is None or interval[0] == interval[1]:
+        return format(value, spec)
+    return f"{value:{spec}} [{interval[0]:{spec}}, {interval[1]:{spec}}]"
+
+
+def mean_interval(values: list[float]) -> str:
+    from decodebench.stats import t_interval
+
+    return with_interval(sum(values) / len(values), t_interval(values).as_list())
+
+
+def idle_text(idle: list[dict]) -> tuple[float | None, str]:
+    watts = [i["watts"] for i in idle if i["watts"] is not None]
+    if not watts:
+        return None, f"idle power: not measured ({idle[0]['reason']})"
+    shown = " and ".join(f"{w:.1f} W" for w in watts)
+    return sum(watts) / len(watts), f"idle power {shown} (before and after, {idle[0]['seconds']:.0f} s each)"
+
+
+def methods_lines(folder: Path) -> list[str]:
     from decodebench.commands.compare import summarize
-    from decodebench.reports.reader import printable, read_run
+    from decodebench.reports.reader import read_run
     from decodebench.reports.tables import bound_text, p_text
+    from decodebench.stats import round_ratio_interval
+
+    info = load_json(folder, "methods.json")
+    names = list(info["arms"])
+    idle, idle_words = idle_text(info["idle"])
+    lines = [
+        "## Methods against the baseline through lm_eval",
+        "",
+        f"Each arm through `lm_eval` (transformers backend, greedy, batch 1, {info['limit']} documents a task, "
+        f"max_gen_toks={info['max_gen_toks']}), {info['rounds']} rounds whose order rotates (round 1: "
+        f"{', '.join(info['orders'][0]['order'])}); one discarded baseline run ({info['machine_warm_up_limit']} "
+        f"documents) warms the machine first, and each run decodes each task's first request once untimed "
+        f"(`warmup={info['warmup']}`). Speed: the arm's tokens/s over its reference's, paired per document (tokens "
+        "and seconds summed over the rounds) with its 95% bootstrap interval; then each round's ratio and the "
+        "interval over rounds (Student's t on the log ratios: it holds the run-to-run noise that the per-document "
+        "interval leaves out). Quality (round 1): the paired difference with its interval and p (McNemar exact for "
+        "0/1 metrics, the sign-flip test otherwise).",
+        "",
+    ]
+    for dtype in sorted(p.name for p in folder.iterdir() if p.is_dir()):
+        kept = {
+            int(r.name.split("-")[1]): {name: kept_results(r / name) for name in names}
+            for r in (folder / dtype).glob("round-*")
+        }
+        numbers = sorted(kept)
+        lines += [
+            f"### {dtype}",
+            "",
+            "| arm | against | task | n | speed per document [95% CI] | each round | over rounds [95% CI] | "
+            "quality metric | paired difference [95% CI], p |",
+            "|---|---|---|---:|---|---|---|---|---|",
+        ]
+        for label, reference in references(names).items():
+            arm = label.split(" ")[0]
+            summary = summarize([{"baseline": kept[n][reference], "method": kept[n][arm]} for n in numbers])
+            for task, row in summary.items():
+                ratio = "not measured"
+                if row["speed_ratio"] is not None:
+                    ratio = with_interval(row["speed_ratio"], row["speed_ratio_interval"], ".2f") + "x"
+                rounds = [r for r in row["round_speed_ratios"] if r]
+                each = " / ".join(f"{r:.2f}" for r in rounds)
+                over = "-"
+                if len(rounds) > 1:
+                    geo = math.exp(sum(map(math.log, rounds)) / len(rounds))
+                    over = with_interval(geo, round_ratio_interval(rounds).as_list(), ".2f") + "x"
+                metric = read_run(kept[numbers[0]][arm]).tasks[task].primary_metric or next(iter(row["quality"]), "-")
+                comparison = row["quality"].get(metric, {}).get("vs_baseline")
+                difference = (
+                    f"{comparison['difference']:+.3f} [{bound_text(comparison['interval'][0])}, "
+                    f"{bound_text(comparison['interval'][1])}], {p_text(comparison)}"
+                    if comparison
+                    else "-"
+                )
+                lines.append(
+                    f"| {arm} | {reference} | {task} | {row['n']} | {ratio} | {each} | {over} | {metric} | "
+                    f"{difference} |"
+                )
+        lines += ["", *request_lines(kept, numbers, names, idle), ""]
+    lines += [
+        f"J/token: NVML's total-energy counter over each request's window (batch 1: one request a window), summed "
+        f"over the task and its rounds, per output token and per total (prompt + output) token; the board's, and "
+        f"above the {idle_words}: the board's joules less idle power times the windows' seconds. A request's "
+        "window is often shorter than 20 updates of the counter (its mean is in the table): these are sums of many "
+        "short windows; the steady-state figures are the steps section's.",
+        "",
+        "What each arm ran (its arguments and label, from its results):",
+        "",
+        *arm_lines(folder, names),
+        "",
+    ]
+    return lines
+
+
+def request_lines(kept: dict, numbers: list[int], names: list[str], idle: float | None) -> list[str]:
+    """Per arm and task: time to first token and decode tokens/s apart, tokens per target call, J/token."""
+    from decodebench.commands.compare import samples
+    from decodebench.reports.reader import read_run
 
     lines = [
-        "| method | task | n | speed vs baseline [95% CI] | quality metric | paired difference [95% CI], p | "
-        "J/token: method / baseline |",
-        "|---|---|---:|---|---|---|---|",
+        "| arm | task | TTFT mean, ms | decode tokens/s (after the first token) | new tokens per target call | "
+        "mean window, s | J per output token: board / above idle | J per total token: board / above idle |",
+        "|---|---|---:|---:|---:|---:|---|---|",
     ]
-    ran = []  # what each method ran as, from its results: a default (nugget's selector) may change between runs
-    for method_folder in sorted(p for p in Path(folder).iterdir() if p.is_dir()):
-        rounds = [
-            {side: kept_results(round_folder / side) for side in ("baseline", "method")}
-            for round_folder in sorted(method_folder.glob("round-*"), key=lambda p: int(p.name.split("-")[1]))
-        ]
-        summary = summarize(rounds)
-        energy = {side: [read_run(r[side]) for r in rounds] for side in ("method", "baseline")}
-        method = energy["method"][0]
-        arguments = ", ".join(f"{key}={printable(value)}" for key, value in method.method_args.items())
-        ran.append(f"- {method_folder.name} ({arguments}): {method.method_label}")
-        for task, row in summary.items():
-            ratio = "not measured"
-            if row["speed_ratio"] is not None:
-                low, high = row["speed_ratio_interval"]
-                ratio = f"{row['speed_ratio']:.2f}x [{low:.2f}, {high:.2f}]"
-            metric = energy["method"][0].tasks[task].primary_metric or next(iter(row["quality"]), "-")
-            comparison = row["quality"].get(metric, {}).get("vs_baseline")
-            difference = (
-                f"{comparison['difference']:+.3f} [{bound_text(comparison['interval'][0])}, "
-                f"{bound_text(comparison['interval'][1])}], {p_text(comparison)}"
-                if comparison
-                else "-"
-            )
-            sides = [joules_per_token(runs, task) for runs in energy.values()]
-            joules = sides[0] if sides[0] == sides[1] and sides[0].startswith("unavailable") else " / ".join(sides)
+    for name in names:
+        runs = [read_run(kept[n][name]) for n in numbers]
+        for task in TASKS:
+            tasks = [run.tasks[task] for run in runs if task in run.tasks]
+            records = [r for t in tasks for _, s in samples(t) for r in s.get("decodebench") or []]
+            if not records:
+                continue
+            ttfts = [r["ttft_s"] for r in records if r.get("ttft_s") is not None]
+            decode_tokens = sum(r["new_tokens"] - 1 for r in records if r.get("ttft_s") is not None)
+            decode_s = sum(r["latency_s"] - r["ttft_s"] for r in records if r.get("ttft_s") is not None)
+            counters = [(t.measurement or {}).get("method") or {} for t in tasks]
+            calls = sum(c.get("target_calls", 0) for c in counters)
+            new = sum((t.measurement or {}).get("new_tokens", 0) for t in tasks)
+            per_call = f"{new / calls:.2f}" if calls else "-"
+            seconds = sum((t.measurement or {}).get("generate_seconds", 0) for t in tasks)
+            requests = sum((t.measurement or {}).get("requests", 0) for t in tasks)
+            energy = [(t.measurement or {}).get("energy_joules") for t in tasks]
+            joules = ["unavailable", "unavailable"]
+            if all(e is not None for e in energy):
+                prompt = sum((t.measurement or {}).get("prompt_tokens", 0) for t in tasks)
+                total_j = sum(energy)
+                for i, tokens in enumerate((new, new + prompt)):
+                    above = f"{(total_j - idle * seconds) / tokens:.4f}" if idle is not None else "-"
+                    joules[i] = f"{total_j / tokens:.4f} / {above}"
             lines.append(
-                f"| {method_folder.name} | {task} | {row['n']} | {ratio} | {metric} | {difference} | {joules} |"
+                f"| {name} | {task} | {1000 * sum(ttfts) / len(ttfts):.1f} | "
+                f"{decode_tokens / decode_s:.1f} | {per_call} | {seconds / max(requests, 1):.2f} | "
+                f"{joules[0]} | {joules[1]} |"
+                if ttfts and decode_s > 0
+                else f"| {name} | {task} | - | - | {per_call} | - | {joules[0]} | {joules[1]} |"
             )
-    return [*lines, "", "What each method ran (its arguments and label, from its results):", "", *ran, ""]
+    return lines
 
 
-def joules_per_token(runs: list, task: str) -> str:
-    values = [(r.tasks[task].measurement or {}).get("joules_per_token") for r in runs if task in r.tasks]
-    values = [v for v in values if v is not None]
-    if not values:
-        reasons = {(r.energy or {}).get("unavailable_reason") for r in runs} - {None}
-        return f"unavailable ({'; '.join(sorted(reasons)) or 'not metered'})"
-    return f"{sum(values) / len(values):.3f}"
+def arm_lines(folder: Path, names: list[str]) -> list[str]:
+    from decodebench.reports.reader import printable, read_run
+
+    first = sorted(p for p in folder.iterdir() if p.is_dir())[0] / "round-1"
+    out = []
+    for name in names:
+        run = read_run(kept_results(first / name))
+        arguments = ", ".join(f"{key}={printable(value)}" for key, value in run.method_args.items())
+        out.append(f"- {name} ({arguments}): {run.method_label}")
+    return out
+
+
+def steps_lines(steps: dict) -> list[str]:
+    settings = steps["settings"]
+    _, idle_words = idle_text(steps["idle"])
+    lines = [
+        "## Decode steps in one process: bf16 and fp32, batch 1 and a large batch",
+        "",
+        f"`model.generate`, greedy, exactly {settings['new_tokens']} new tokens a row after cnndm_mini prompts cut to "
+        f"their last {settings['prompt_tokens']} tokens (no padding), the baseline against the LZ processor; each arm "
+        f"warmed up once (discarded), then {settings['rounds']} windows of at least {settings['min_window_s']:g} s "
+        "each, the order rotating by round. Ratio: the arm's tokens/s over the baseline's in the same round; their "
+        "geometric mean with the interval over rounds. J: NVML's counter over each window, per output and per total "
+        f"token, the board's and above the {idle_words}; the mean over rounds with its t interval.",
+        "",
+        "| dtype | batch | arm | tokens/s each round | vs baseline each round | over rounds [95% CI] | "
+        "J per output token: board / above idle | J per total token: board / above idle | SM clock, MHz |",
+        "|---|---:|---|---|---|---|---|---|---|",
+    ]
+    for row in gpu_steps.summary(steps):
+        speeds = " / ".join(f"{s:.0f}" for s in row["tokens_per_s"])
+        reference = row["arm"] == "baseline"
+        ratios = "-" if reference else " / ".join(f"{r:.3f}" for r in row["ratios"])
+        over = "-" if reference else with_interval(row["ratio"], row["ratio_interval"], ".3f") + "x"
+        joules = []
+        for per in ("output", "total"):
+            if f"j_per_{per}" not in row:
+                joules.append(f"unavailable ({steps['energy_unavailable']})")
+                continue
+            board = with_interval(*row[f"j_per_{per}"], ".4f")
+            above = with_interval(*row[f"j_per_{per}_above_idle"], ".4f") if f"j_per_{per}_above_idle" in row else "-"
+            joules.append(f"{board} / {above}")
+        clocks = sorted(c for c in row["sm_clock_mhz"] if c is not None)
+        clock = f"{clocks[0]}-{clocks[-1]}" if clocks else "-"
+        lines.append(
+            f"| {row['dtype']} | {row['batch']} | {row['arm']} | {speeds} | {ratios} | {over} | {joules[0]} | "
+            f"{joules[1]} | {clock} |"
+        )
+    distinct = {(r["batch"], r["distinct_prompts"]) for r in gpu_steps.summary(steps)}
+    repeated = [f"batch {b}: {d} distinct prompts" for b, d in sorted(distinct) if d < b]
+    if repeated:
+        lines += ["", f"Prompts repeat where cnndm_mini has too few that long ({'; '.join(repeated)})."]
+    bandwidth = steps["copy_bandwidth_bytes_per_s"]
+    step_floor_us = gpu_steps.SEVEN_B_BF16_BYTES / bandwidth * 1e6
+    lines += [
+        "",
+        "The LZ penalty's kernel alone on one step's logits (fp32, V = 49152, a full window of "
+        f"{gpu_steps.LZ_ARGS['window']} tokens; `torch.utils.benchmark`'s median):",
+        "",
+        "| batch | microseconds a step (median) | IQR | runs |",
+        "|---:|---:|---:|---:|",
+    ]
+    for batch, kernel in steps["lz_kernel"].items():
+        lines.append(f"| {batch} | {kernel['median_us']:.1f} | {kernel['iqr_us']:.1f} | {kernel['runs']} |")
+    one = steps["lz_kernel"].get("1")
+    if one:
+        lines += [
+            "",
+            f"Arithmetic, not a measurement of a 7B model: a 7B model's decode step at batch 1 reads at least its bf16 "
+            f"weights (14 GB); at this device's measured copy bandwidth ({bandwidth / 1e9:.0f} GB/s, read + write) "
+            f"that takes at least {step_floor_us / 1000:.2f} ms, so the LZ kernel's {one['median_us']:.0f} us would "
+            f"be at most {100 * one['median_us'] / (one['median_us'] + step_floor_us):.1f}% of such a step.",
+        ]
+    lines += [
+        "",
+        f"Where a step's time goes (torch's profiler over one `generate` of {settings['profile_tokens']} tokens per "
+        f"arm and batch, {settings['dtypes'][0]}; device busy: the summed self time of the device's kernels over the "
+        "wall time; host: the summed self time of the host's operators):",
+        "",
+        "| batch | arm | wall, ms a new token (prefill included) | device busy | host self time | "
+        "host's top operators | device's top kernels |",
+        "|---:|---|---:|---:|---:|---|---|",
+    ]
+    for item in steps["profile"]:
+        busy = (
+            f"{100 * item['device_busy_s'] / item['wall_s']:.0f}%" if item["device_busy_s"] is not None else "no device"
+        )
+        host = f"{100 * item['host_self_s'] / item['wall_s']:.0f}%"
+        top_host = ", ".join(f"`{k}` {1000 * s:.1f} ms" for k, s in item["top_host"][:3])
+        top_device = ", ".join(f"`{k[:40]}` {1000 * s:.1f} ms" for k, s in item["top_device"][:3]) or "-"
+        lines.append(
+            f"| {item['batch']} | {item['arm']} | {1000 * item['wall_s'] / item['new_tokens']:.2f} | {busy} | "
+            f"{host} | {top_host} | {top_device} |"
+        )
+    return [*lines, ""]
 
 
 def kernel_lines(folder: Path) -> list[str]:
@@ -308,19 +611,22 @@ def vllm_lines(folder: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = doc_parser(__doc__, DOC)
-    parser.add_argument("--limit", type=int, default=5, help="documents per task (default 5)")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds, the order alternating (default 2)")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"which to run (default {','.join(SECTIONS)})")
+    parser.add_argument("--limit", type=int, default=20, help="documents per task in the methods section (default 20)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds, the order rotating (default 3)")
     parser.add_argument("--max-gen-toks", type=int, default=64, help="new tokens at most (default 64)")
+    parser.add_argument("--dtypes", default="bfloat16", help="the methods section's dtypes (default bfloat16)")
     parser.add_argument("--out", default="results/gpu-bench", help="lm_eval output folder")
     parser.add_argument("--methods", default=None, help="only these methods, comma-separated (default: every one)")
-    parser.add_argument(
-        "--dry-run", action="store_true", help="run it on this machine's CPU: 1 document, 1 round, 8 new tokens"
-    )
+    parser.add_argument("--dry-run", action="store_true", help="run it on this machine's CPU at toy sizes")
     args = parser.parse_args(argv)
-    methods(args.methods)  # an unknown name fails before anything runs
-    limit, rounds, max_gen_toks = (1, 1, 8) if args.dry_run else (args.limit, args.rounds, args.max_gen_toks)
-    options = (limit, rounds, max_gen_toks, args.out, args.dry_run, args.methods)
-    return page(args, argv, lambda folder, command: collect(folder, command, *options), render)
+    arms(args.methods)  # an unknown name fails before anything runs
+    unknown = sorted(set(args.sections.split(",")) - set(SECTIONS))
+    if unknown:
+        parser.error(f"--sections: unknown {unknown}; allowed: {','.join(SECTIONS)}")
+    if not args.dry_run and (args.limit < 20 or args.rounds < 3):
+        print(f"note: --limit {args.limit} --rounds {args.rounds} is below this benchmark's 20 documents and 3 rounds")
+    return page(args, argv, lambda folder, command: collect(folder, command, args), render)
 
 
 if __name__ == "__main__":

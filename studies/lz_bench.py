@@ -35,6 +35,7 @@ import torch
 from common import (
     REPO,
     doc_parser,
+    generate_exactly,
     load_json,
     median_seconds,
     page,
@@ -161,7 +162,7 @@ def alternating(rounds: int, settings: dict, run_one) -> dict[str, list[float]]:
 
 
 def hf_rounds(checkpoint: Path, batch: int, context: int, new_tokens: int, rounds: int) -> dict:
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from decodebench.models.lz.processors import LZPenaltyLogitsProcessor
 
@@ -169,20 +170,7 @@ def hf_rounds(checkpoint: Path, batch: int, context: int, new_tokens: int, round
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
     input_ids = torch.tensor(contexts(tokenizer, batch, context))
     settings = {"none": [], "lz": [LZPenaltyLogitsProcessor(LZ, prompt_width=input_ids.shape[1])]}
-
-    @torch.inference_mode()
-    def generate(processors):
-        model.generate(
-            input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            do_sample=False,
-            pad_token_id=tokenizer.eos_token_id,
-            logits_processor=LogitsProcessorList(processors),
-        )
-
-    return alternating(rounds, settings, generate)
+    return alternating(rounds, settings, partial(generate_exactly, model, tokenizer, input_ids, new_tokens=new_tokens))
 
 
 def vllm_worker(checkpoint: str, prompts: list[list[int]], new_tokens: int, rounds: int) -> dict:

@@ -28,28 +28,57 @@ def gpu_bench(*args: str, cwd) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 @pytest.mark.model
-def test_the_gpu_commands_dry_run_runs_through_lm_eval_and_writes_its_page(tmp_path):
-    """Its batched method (nugget at batch 8 against the baseline at batch 8): one round, one document per task."""
+def test_the_gpu_commands_dry_run_runs_every_section_and_writes_its_page(tmp_path):
+    """MTAD, its target-only loop and the baseline through lm_eval in two rotating rounds (bf16), the steps section
+    at toy sizes in bf16 and fp32; then one section rerun alone keeps the others' data."""
     doc = tmp_path / "gpu.md"
-    args = ["--dry-run", "--methods", "nugget", "--doc", str(doc), "--out", str(tmp_path / "out")]
+    args = ["--dry-run", "--methods", "mtad", "--doc", str(doc), "--out", str(tmp_path / "out")]
     proc = gpu_bench(*args, cwd=tmp_path)
     assert proc.returncode == 0, explain(proc)
     page = doc.read_text()
     assert "**A dry run on a CPU:**" in page
-    rows = [line for line in page.splitlines() if line.startswith("| nugget |")]
-    assert {row.split(" | ")[1] for row in rows} == {"squad_mini", "cnndm_mini"}
-    assert all("x [" in row and "unavailable" in row for row in rows), rows  # a ratio; no energy counter here
-    assert "not checked (no CUDA device" in page
-    # which compressor ran, from its results: the default, the answer-span scorer
-    assert "- nugget (ratio=10.0, selector=answer-spans, " in page and "answer-span scorer (ours" in page
+    assert "round 1: baseline, mtad, mtad-target)" in page  # the order rotates: round 2 starts with mtad
+    data = tmp_path / "data" / "gpu"
+    orders = json.loads((data / "methods" / "methods.json").read_text())["orders"]
+    assert [o["order"] for o in orders] == [["baseline", "mtad", "mtad-target"], ["mtad", "mtad-target", "baseline"]]
+    rows = [line.split(" | ") for line in page.splitlines() if line.startswith("| mtad |")]
+    # MTAD against the baseline and against its own loop without drafts, on both tasks, each round's ratio shown
+    assert {(row[1], row[2]) for row in rows if len(row) == 9} == {
+        (against, task) for against in ("baseline", "mtad-target") for task in ("squad_mini", "cnndm_mini")
+    }
+    assert all(len(row[5].split(" / ")) == 2 and row[6].endswith("x") for row in rows if len(row) == 9), rows
+    # TTFT apart from decoding, and MTAD's new tokens per target call (1.00 for its target-only loop)
+    requests = {(row[0][2:], row[1]): row for row in (line.split(" | ") for line in page.splitlines()) if len(row) == 8}
+    assert float(requests[("mtad-target", "squad_mini")][4]) == 1.0
+    assert float(requests[("mtad", "cnndm_mini")][4]) >= 1.0 and requests[("baseline", "cnndm_mini")][4] == "-"
+    # the steps section: both dtypes, both batch sizes, the LZ arm with a ratio per round; no energy counter here
+    steps = [line.split(" | ") for line in page.splitlines() if line.startswith(("| bfloat16 |", "| float32 |"))]
+    assert {(row[0][2:], row[1], row[2]) for row in steps} == {
+        (dtype, batch, arm) for dtype in ("bfloat16", "float32") for batch in ("1", "2") for arm in ("baseline", "lz")
+    }
+    assert all("unavailable (no GPU" in row[6] for row in steps)
+    assert "at most" in page and "| 1 | lz |" in page  # the LZ kernel's arithmetic and the profile's rows
+    assert "Kernels' host synchronizations: not checked (no CUDA device" in page
     # its data alone renders the same page again
-    again = gpu_bench("--from", str(tmp_path / "data" / "gpu"), "--doc", str(doc), cwd=tmp_path)
+    again = gpu_bench("--from", str(data), "--doc", str(doc), cwd=tmp_path)
     assert again.returncode == 0 and doc.read_text() == page, explain(again)
+    # a call with one section keeps the others' data and says which call made each
+    proc = gpu_bench(
+        "--dry-run", "--sections", "kernels", "--doc", str(doc), "--out", str(tmp_path / "out"), cwd=tmp_path
+    )
+    assert proc.returncode == 0, explain(proc)
+    kept = doc.read_text()
+    assert (
+        kept.split("## Methods")[1].split("Kernels' host")[0] == page.split("## Methods")[1].split("Kernels' host")[0]
+    )
+    assert "- kernels: `python studies/gpu_bench.py --dry-run --sections kernels" in kept
 
 
 def test_an_unknown_method_is_named_before_anything_runs(tmp_path):
     proc = gpu_bench("--methods", "lzz", cwd=tmp_path)
     assert proc.returncode != 0 and "--methods: unknown ['lzz']" in proc.stderr
+    proc = gpu_bench("--sections", "methods,speed", cwd=tmp_path)
+    assert proc.returncode != 0 and "--sections: unknown ['speed']; allowed: methods,steps,kernels,vllm" in proc.stderr
 
 
 @pytest.mark.slow

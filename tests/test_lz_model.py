@@ -68,7 +68,7 @@ def test_zero_strength_changes_nothing_and_default_strength_changes_a_loop(model
 @pytest.mark.parametrize("include_prompt", [False, True])
 def test_lz_processor_step_makes_no_host_synchronization(include_prompt):
     """What a CUDA decode step would wait on, counted on the CPU (an H200 caught the float strength's copy to the
-    device at every step: docs/benchmarks/gpu.md)."""
+    device at every step: docs/benchmarks/h200.md)."""
     from host_syncs import HostSyncs
 
     generator = torch.Generator().manual_seed(0)
