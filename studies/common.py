@@ -35,6 +35,7 @@ RUN_FILE = "run.json"
 PAGES = {
     "docs/baselines.md": "baselines",
     "docs/benchmarks/gpu.md": "gpu_bench",
+    "docs/benchmarks/gpu-vllm.md": "gpu_vllm",
     "docs/benchmarks/lz.md": "lz_bench",
     "docs/benchmarks/metrics.md": "metrics_bench",
     "docs/benchmarks/mtad.md": "mtad_bench",

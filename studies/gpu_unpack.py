@@ -1,12 +1,15 @@
-"""Unpacks a wheelhouse of studies/gpu_wheelhouse.py on a machine without a network (standard library only).
+"""Unpacks a wheelhouse of studies/gpu_wheelhouse.py (or the slim vLLM of studies/gpu_vllm_bundle.py) on a machine
+without a network (standard library only).
 
     python3 wheelhouse/part-1/unpack.py wheelhouse [--check-only] [--target DIR]
+    python3 bundle/part-1/unpack.py bundle --extract DIR
 
 It finds the parts under the folder given, joins the pieces of every wheel, checks each wheel's sha256 against the
 manifest, and installs them all with pip into this interpreter's environment, offline and without dependencies
 (the wheelhouse holds every one the image lacks). ``--target DIR`` installs into a folder instead: put it on
 PYTHONPATH, and note that Python reads .pth files only from site folders, so lm-eval then finds decodebench's models
-only after ``import site; site.addsitedir(DIR)``.
+only after ``import site; site.addsitedir(DIR)``. ``--extract DIR`` unpacks a bundle's checked archive into DIR
+instead of installing anything (its ``site`` folder goes on PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import hashlib
 import json
 import subprocess
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
 
@@ -50,11 +54,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("wheelhouse", help="the folder holding part-1, part-2, ...")
     parser.add_argument("--check-only", action="store_true", help="join and check every wheel, install nothing")
     parser.add_argument("--target", default=None, help="install into this folder instead of the environment")
+    parser.add_argument("--extract", default=None, help="unpack a bundle's archive into this folder, install nothing")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
         wheels = joined_wheels(Path(args.wheelhouse), Path(scratch))
-        print(f"{len(wheels)} wheels joined and checked")
+        print(f"{len(wheels)} {'files' if args.extract else 'wheels'} joined and checked")
         if args.check_only:
+            return 0
+        if args.extract:
+            for archive in wheels:
+                with tarfile.open(archive) as tar:
+                    tar.extractall(args.extract, filter="data")
+            print(f"unpacked into {args.extract}")
             return 0
         target = ["--target", args.target] if args.target else []
         command = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--no-compile", *target]

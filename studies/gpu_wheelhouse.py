@@ -52,7 +52,8 @@ TARGET = {
     "platform_version": "",
     "implementation_version": "3.12.3",
 }
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64")
+# the image's glibc is 2.39: every manylinux_2_N up to it runs there (pip matches each tag exactly)
+PLATFORMS = (*(f"manylinux_2_{minor}_x86_64" for minor in range(39, 16, -1)), "manylinux2014_x86_64", "linux_x86_64")
 # the image's Python packages and versions, as pip listed them on a fresh machine of that image
 IMAGE_FILE = Path(__file__).with_name("gpu_image.txt")
 
@@ -203,8 +204,38 @@ def collect_wheels(into: Path, log=print, own: Path | None = None) -> list[Path]
             log(f"  {wheel.name} ({wheel.stat().st_size / MIB:.1f} MiB), for {parent.name.split('-')[0]}")
             wheels.append(wheel)
             level.append((wheel, tuple(sorted(requirement.extras))))
-    wheels.append(model)
-    return wheels
+    return [*settle(wheels, into, log), model]
+
+
+def settle(wheels: list[Path], into: Path, log=print, rounds: int = 5) -> list[Path]:
+    """The wheels with every carried dependency at a version that all the carried wheels accept: a walk a level at a
+    time takes the first version it meets (opentelemetry-api 1.45.3 for one wheel, where another pins 1.45.2); such a
+    dependency is fetched again under every carried wheel's specifiers at once, until none disagrees."""
+    from packaging.specifiers import SpecifierSet
+
+    wheels = list(wheels)
+    for _ in range(rounds):
+        by_name = {canonical(w.name.split("-")[0]): w for w in wheels}
+        wanted: dict[str, SpecifierSet] = {}
+        for wheel in wheels:
+            for requirement in requirements_of(wheel, EXTRAS if wheel.name.startswith("decodebench-") else ()):
+                name = canonical(requirement.name)
+                if name in by_name:
+                    wanted[name] = wanted.get(name, SpecifierSet()) & requirement.specifier
+        disagreeing = {
+            name: spec
+            for name, spec in wanted.items()
+            if not spec.contains(by_name[name].name.split("-")[1], prereleases=True)
+        }
+        if not disagreeing:
+            return wheels
+        for name in disagreeing:
+            by_name[name].unlink()
+        fetched = fetch([f"{name}{spec}" for name, spec in disagreeing.items()], into)
+        for wheel in fetched.values():
+            log(f"  {wheel.name}: the version every carried wheel accepts")
+        wheels = [fetched.get(canonical(w.name.split("-")[0]), w) for w in wheels]
+    raise RuntimeError(f"carried wheels still disagree on versions after {rounds} rounds: {sorted(disagreeing)}")
 
 
 def unmet(wheels: list[Path]) -> list[str]:

@@ -224,6 +224,21 @@ def _vllm_next_rule_tests_command(folder: Path) -> tuple[list[str], Path, dict[s
     return rule_tests_command(NEXT)
 
 
+def _vllm_bundle_command(folder: Path) -> tuple[list[str], Path, dict[str, str]]:
+    """The slim vLLM bundle for a GPU machine (gz: the same bundle, five times faster to pack than the default xz)."""
+    script = REPO / "studies" / "gpu_vllm_bundle.py"
+    return [sys.executable, str(script), "--out", str(folder / "bundle"), "--compression", "gz"], folder, {}
+
+
+def _gpu_vllm_dry_run_command(folder: Path) -> tuple[list[str], Path, dict[str, str]]:
+    """The vLLM GPU script's dry run on vLLM's CPU build, on the embedded model's config and tokenizer."""
+    from decodebench.data.embedded import ensure_embedded_model
+
+    script = REPO / "studies" / "gpu_vllm.py"
+    model = str(ensure_embedded_model())
+    return [sys.executable, str(script), "--dry-run", "--model", model, "--out", str(folder / "out")], folder, {}
+
+
 # fixture name -> (the command, its working folder and environment, given a folder of its own; the fixtures whose
 # use by a collected test starts it)
 BACKGROUND_JOBS = {
@@ -231,6 +246,8 @@ BACKGROUND_JOBS = {
     "vllm_own_tests": (_vllm_own_tests_command, {"vllm_own_tests"}),
     "vllm_next_own_tests": (_vllm_next_own_tests_command, {"vllm_next_tests"}),
     "vllm_next_rule_tests": (_vllm_next_rule_tests_command, {"vllm_next_tests"}),
+    "vllm_bundle": (_vllm_bundle_command, {"vllm_bundle"}),
+    "gpu_vllm_dry_run": (_gpu_vllm_dry_run_command, {"gpu_vllm_dry_run"}),
 }
 _STARTED: dict[str, tuple[concurrent.futures.Future, Path]] = {}  # name -> (its future, its log)
 _PROCESSES: list[subprocess.Popen] = []
@@ -321,6 +338,18 @@ def decodebench_wheel(wheelhouse) -> Path:
     """decodebench's wheel, built from this checkout by the wheelhouse's recipe."""
     (wheel,) = wheelhouse.glob("part-*/decodebench-*.whl")
     return wheel
+
+
+@pytest.fixture(scope="session")
+def vllm_bundle() -> Path:
+    """`python studies/gpu_vllm_bundle.py --out DIR` (gz), run beside the tests: DIR."""
+    return wait_for_background("vllm_bundle")[0] / "bundle"
+
+
+@pytest.fixture(scope="session")
+def gpu_vllm_dry_run() -> Path:
+    """`python studies/gpu_vllm.py --dry-run --out DIR` on vLLM's CPU build, run beside the tests: DIR."""
+    return wait_for_background("gpu_vllm_dry_run")[0] / "out"
 
 
 @pytest.fixture(scope="session")

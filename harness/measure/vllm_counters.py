@@ -25,3 +25,26 @@ def mean_acceptance_length(counters: dict) -> float | None:
     """Tokens emitted per draft-and-verify step, vLLM's own definition: 1 + accepted / drafts (None: no step)."""
     drafts = counters.get(DRAFTS)
     return 1 + counters.get(ACCEPTED, 0.0) / drafts if drafts else None
+
+
+def engine_counters(llm) -> dict[str, float] | None:
+    """An in-process engine's (``vllm.LLM``) counters of ``COUNTER_PREFIXES``, under the ``_total`` names a server's
+    /metrics gives them (a per-position vector as ``name[i]``; counters of several engines summed); None where the
+    engine keeps none (log stats off)."""
+    from vllm.v1.metrics.reader import Counter, Vector
+
+    try:
+        metrics = llm.get_metrics()
+    except Exception:  # log stats off, or an engine without them
+        return None
+    counters: dict[str, float] = {}
+    for metric in metrics:
+        if not metric.name.startswith(COUNTER_PREFIXES):
+            continue
+        name = metric.name.removesuffix("_total") + "_total"
+        if isinstance(metric, Vector):
+            for i, value in enumerate(metric.values):
+                counters[f"{name}[{i}]"] = counters.get(f"{name}[{i}]", 0.0) + value
+        elif isinstance(metric, Counter):
+            counters[name] = counters.get(name, 0.0) + metric.value
+    return counters or None

@@ -171,25 +171,9 @@ class VLLMBackend(BackendLM, VLLM):
 
     def _engine_counters(self) -> dict[str, float] | None:
         """The engine's own counters (speculative decoding, prefix cache), where it keeps them (log stats on)."""
-        from vllm.v1.metrics.reader import Counter, Vector
+        from decodebench.measure.vllm_counters import engine_counters
 
-        from decodebench.measure.vllm_counters import COUNTER_PREFIXES
-
-        try:
-            metrics = self.model.get_metrics()
-        except Exception:  # log stats off, or an engine without them
-            return None
-        counters: dict[str, float] = {}
-        for metric in metrics:
-            if not metric.name.startswith(COUNTER_PREFIXES):
-                continue
-            name = metric.name.removesuffix("_total") + "_total"  # as /metrics names it (the served backend's)
-            if isinstance(metric, Vector):  # one counter per draft position
-                for i, value in enumerate(metric.values):
-                    counters[f"{name}[{i}]"] = counters.get(f"{name}[{i}]", 0.0) + value
-            elif isinstance(metric, Counter):  # one per label set (engine): summed, as the served backend does
-                counters[name] = counters.get(name, 0.0) + metric.value
-        return counters or None
+        return engine_counters(self.model)
 
     def get_model_info(self) -> dict:
         info = super().get_model_info() if hasattr(super(), "get_model_info") else {}
