@@ -127,3 +127,40 @@ def test_a_missing_or_damaged_part_is_named_before_anything_installs(wheelhouse,
     shutil.rmtree(piece.parent)
     proc = subprocess.run(unpack, capture_output=True, text=True)
     assert proc.returncode != 0 and "are missing" in proc.stderr
+
+
+def test_steady_state_joules_per_token_subtract_the_idle_power_measured_in_the_same_run():
+    """Two rounds of one configuration, worked by hand: the baseline makes 1,000 output tokens (prompt 4,000) in 2 s
+    for 400 J, LZ 900 tokens in 2 s for 420 J, with the board idling at 60 W (50 W before, 70 W after)."""
+    sys.path.insert(0, str(STUDIES))
+    import gpu_steps
+
+    def window(arm, number, tokens, joules):
+        return {"dtype": "bfloat16", "batch": 8, "arm": arm, "round": number, "distinct_prompts": 8,
+                "output_tokens": tokens, "total_tokens": 5 * tokens, "seconds": 2.0, "joules": joules,
+                "sm_clock_mhz": None, "calls": 1}  # fmt: skip
+
+    steps = {
+        "idle": [{"watts": 50.0, "seconds": 5, "reason": None}, {"watts": 70.0, "seconds": 5, "reason": None}],
+        "windows": [window(arm, n, tokens, joules) for n in (1, 2) for arm, tokens, joules in
+                    (("baseline", 1000, 400.0), ("lz", 900, 420.0))],
+    }  # fmt: skip
+    baseline, lz = gpu_steps.summary(steps)
+    assert baseline["j_per_output"] == [0.4, [0.4, 0.4]]
+    assert baseline["j_per_output_above_idle"][0] == pytest.approx((400 - 60 * 2) / 1000)  # 0.28
+    assert baseline["j_per_total_above_idle"][0] == pytest.approx((400 - 60 * 2) / 5000)
+    assert lz["ratios"] == [pytest.approx(0.9)] * 2 and lz["ratio"] == pytest.approx(0.9)
+    assert lz["j_per_output_above_idle"][0] == pytest.approx((420 - 120) / 900)
+    # no counter (the CPU): no joules at all, never zeros
+    for w in steps["windows"]:
+        w["joules"] = None
+    assert "j_per_output" not in gpu_steps.summary(steps)[0]
+
+
+def test_round_orders_rotate_so_that_each_arm_takes_every_position():
+    sys.path.insert(0, str(STUDIES))
+    import gpu_steps
+
+    orders = [gpu_steps.rotated(["a", "b", "c"], number) for number in (1, 2, 3)]
+    assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
+    assert all(sorted(order.index(arm) for order in orders) == [0, 1, 2] for arm in "abc")

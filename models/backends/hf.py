@@ -188,7 +188,11 @@ class HFBackend(BackendLM, HFLM):
         pays for lazy CUDA initialization, kernel selection and allocator growth that no later one does. It is in
         no quality, speed or energy figure; a sampling method's random stream moves on by its draws."""
         self.method.hf_decode(
-            self, plan.input_ids, plan.attention_mask, stop=plan.until, max_new_tokens=plan.max_new_tokens,
+            self,
+            plan.input_ids,
+            plan.attention_mask,
+            stop=plan.until,
+            max_new_tokens=plan.max_new_tokens,
             kwargs=dict(plan.kwargs),
         )
 
