@@ -152,6 +152,7 @@ def run_methods(folder: Path, args, device: str) -> None:
     )
     chosen = arms(args.methods)
     names = list(chosen)
+    warm_up_limit = 1 if args.dry_run else 2
     meter = gpu_steps.Device(device)
     idle = [meter.idle_watts(DRY_RUN["steps"].idle_s if args.dry_run else 5.0)]
     out = Path(args.out).resolve()
@@ -169,7 +170,7 @@ def run_methods(folder: Path, args, device: str) -> None:
                 gen_kwargs=f"max_gen_toks={max_gen_toks}",
             ).run_or_raise(f"[{dtype} round {number}/{rounds}] {name}")
 
-        run("baseline", 0, run_limit=2, where=out / dtype / "machine-warm-up")  # discarded
+        run("baseline", 0, run_limit=warm_up_limit, where=out / dtype / "machine-warm-up")  # discarded
         for number in range(1, rounds + 1):
             order = gpu_steps.rotated(names, number)
             orders.append({"dtype": dtype, "round": number, "order": order})
@@ -187,7 +188,7 @@ def run_methods(folder: Path, args, device: str) -> None:
             "rounds": rounds,
             "max_gen_toks": max_gen_toks,
             "warmup": 1,
-            "machine_warm_up_limit": 2,
+            "machine_warm_up_limit": warm_up_limit,
         },
     )
 

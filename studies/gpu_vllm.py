@@ -1,6 +1,6 @@
 """vLLM's engine on one GPU, from the slim bundle (studies/gpu_vllm_bundle.py): docs/benchmarks/gpu-vllm.md.
 
-    PYTHONPATH=/tmp/vllm-slim/site python3 studies/gpu_vllm.py --model /tmp/vllm-slim/model --out OUT
+    PYTHONPATH=~/vllm-slim/site python3 studies/gpu_vllm.py --model ~/vllm-slim/model --out OUT
     python studies/gpu_vllm.py --from OUT            # here: the page from what came back
 
 Each step runs in a process of its own under its own time limit (``STEPS``: 6 minutes in all) and writes its outcome
@@ -311,9 +311,9 @@ WAITING = [
     "",
     "```",
     "tox -e gpu-vllm-bundle                                # here: .bundle/part-1..3, about 31 MiB each",
-    "mkdir -p /tmp/b && cp -r .bundle/part-N /tmp/b/       # there, once per part (carry .bundle/part-N)",
-    "python3 /tmp/b/part-1/unpack.py /tmp/b --extract /tmp/vllm-slim && "
-    "PYTHONPATH=/tmp/vllm-slim/site python3 studies/gpu_vllm.py --model /tmp/vllm-slim/model --out $OUT",
+    "mkdir -p ~/b && cp -r .bundle/part-N ~/b/             # there, once per part (carry .bundle/part-N)",
+    "python3 ~/b/part-1/unpack.py ~/b --extract ~/vllm-slim && "
+    "PYTHONPATH=~/vllm-slim/site python3 studies/gpu_vllm.py --model ~/vllm-slim/model --out $OUT",
     "python studies/gpu_vllm.py --from docs/data/benchmarks/gpu-vllm   # here, with $OUT's files in that folder",
     "```",
 ]

@@ -21,8 +21,8 @@ with ``--compression gz``, a faster and larger ``tar.gz``) cut into
 parts of at most ``--part-mib`` (default: 64 MiB less the tracked tree and 1 MiB). Each part carries the manifest
 (the archive's sha256 and its pieces) and ``unpack.py``. On the machine, with the parts under one folder:
 
-    python3 BUNDLE/part-1/unpack.py BUNDLE --extract /tmp/vllm-slim   # joins, checks the sha256, unpacks
-    PYTHONPATH=/tmp/vllm-slim/site python3 studies/gpu_vllm.py --model /tmp/vllm-slim/model --out OUT
+    python3 BUNDLE/part-1/unpack.py BUNDLE --extract ~/vllm-slim   # joins, checks the sha256, unpacks
+    PYTHONPATH=~/vllm-slim/site python3 studies/gpu_vllm.py --model ~/vllm-slim/model --out OUT
 """
 
 from __future__ import annotations
