@@ -8,7 +8,8 @@ to ``OUT/<step>.json``, so that a step that fails, crashes or hangs leaves the o
 
 1. ``facts``: the interpreter, torch, CUDA, Triton, the GPU and which vLLM and decodebench were imported;
 2. ``extension``: vLLM's compiled core ops load on this torch (``vllm._C_stable_libtorch``, built for torch 2.13's
-   stable ABI; the image has torch 2.11), and how many ops they register;
+   stable ABI; the image has torch 2.11), and how many ops they register; where they do not, the engine steps run
+   a labelled variant without them (``compiled_ops``: PyTorch-native custom ops, Triton attention);
 3. ``v2-lz``: an engine on vLLM's V2 model runner (eager, dummy weights, Triton attention, bf16) serving requests
    with the LZ penalty off and on (decodebench's processor, from its entry point): the outputs must change; every
    call of the processor's step runs under ``torch.cuda.set_sync_debug_mode("warn")`` and must make no host
@@ -91,8 +92,36 @@ def extension(args) -> dict:
     return {"module": module, "loaded": True, "namespace": namespace, "ops": len(ops)}
 
 
+STAND_IN = (
+    "without vLLM's compiled ops: the extension did not load (see its step), so an empty stand-in module lets "
+    "vllm.platforms.cuda import and every custom op runs its PyTorch-native forward (custom_ops=none); attention, "
+    "the KV cache writes and the rejection sampler are Triton kernels either way"
+)
+
+
+def compiled_ops(args) -> dict:
+    """How the engine steps run vLLM's custom ops: compiled where the extension step loaded them, else (on a GPU) a
+    labelled variant without them, so that one stay on a GPU machine also learns whether the engine runs on Python
+    and Triton alone. Returns the engine's extra arguments and the label."""
+    outcome = Path(args.out) / "extension.json"
+    loaded = args.dry_run or (outcome.is_file() and json.loads(outcome.read_text()).get("loaded"))
+    if loaded:
+        return {"engine": {}, "label": "compiled", "stand_in": None}
+    return {
+        "engine": {"compilation_config": {"custom_ops": ["none"]}},
+        "label": STAND_IN,
+        "stand_in": "vllm._C_stable_libtorch",
+    }
+
+
 def engine(args, runner: str, dtype: str, **extra):
     """An in-process engine (its core in this process: the sync check wraps the processor here) on ``runner``."""
+    ops = compiled_ops(args)
+    if ops["stand_in"]:
+        import types
+
+        sys.modules[ops["stand_in"]] = types.ModuleType(ops["stand_in"])
+    extra = {**ops["engine"], **extra}
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     runner = "v1" if args.dry_run else runner  # the V2 runner needs Triton, which vLLM's CPU build does not run
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner == "v2" else "0"
@@ -114,7 +143,8 @@ def engine(args, runner: str, dtype: str, **extra):
     )
     from decodebench.models.model_runners import runner_of
 
-    return llm, {"start_s": time.perf_counter() - started, "runner": runner_of(llm.llm_engine.vllm_config)}
+    started_s = time.perf_counter() - started
+    return llm, {"start_s": started_s, "runner": runner_of(llm.llm_engine.vllm_config), "custom_ops": ops["label"]}
 
 
 def generate(llm, count: int, new_tokens: int, extra: dict, ignore_eos: bool = False) -> list[list[int]]:
@@ -401,6 +431,7 @@ def lz_lines(outcome: dict) -> list[str]:
     return [
         f"## LZ on the {outcome['runner'].upper()} runner",
         "",
+        *ops_note(outcome),
         f"Engine started in {outcome['start_s']:.0f} s ({outcome['dtype']}, eager, dummy weights). LZ on "
         f"({STRONG_LZ}) changed {outcome['changed_rows']} of {outcome['rows']} greedy outputs of 32 tokens; {sync}.",
         "",
@@ -413,6 +444,13 @@ def lz_lines(outcome: dict) -> list[str]:
     ]
 
 
+def ops_note(outcome: dict) -> list[str]:
+    """A variant said first: the engine ran without vLLM's compiled ops."""
+    return (
+        [f"**A variant: this engine ran {outcome['custom_ops']}.**", ""] if outcome["custom_ops"] != "compiled" else []
+    )
+
+
 def spec_lines(target: dict, ngram: dict) -> list[str]:
     from decodebench.measure.vllm_counters import ACCEPTED, DRAFT_TOKENS, DRAFTS
 
@@ -422,6 +460,7 @@ def spec_lines(target: dict, ngram: dict) -> list[str]:
     lines = [
         f"## MTAD and block verification on the {ngram['runner'].upper()} runner",
         "",
+        *ops_note(ngram),
         f"Engines started in {target['start_s']:.0f} s (target-only) and {ngram['start_s']:.0f} s (n-gram drafts: "
         f"{ngram['speculative_config']}), {ngram['dtype']}, eager, dummy weights. Greedy, 32 tokens:",
         "",

@@ -190,3 +190,17 @@ def test_the_gpu_scripts_dry_run_passes_every_step_and_imports_nothing_the_bundl
     # the page renders from the outcomes alone
     page = gpu_vllm.render(gpu_vllm_dry_run)
     assert "**A dry run on a CPU**" in page and "| v1-ngram | ok |" in page and "| mtad | 4 of 4 |" in page
+
+
+def test_where_the_extension_does_not_load_the_engines_run_a_labelled_variant_without_compiled_ops(tmp_path):
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(out=str(tmp_path), dry_run=False)
+    (tmp_path / "extension.json").write_text(json.dumps({"ok": True, "loaded": True}))
+    assert gpu_vllm.compiled_ops(args) == {"engine": {}, "label": "compiled", "stand_in": None}
+    (tmp_path / "extension.json").write_text(json.dumps({"ok": True, "loaded": False, "error": "undefined symbol"}))
+    variant = gpu_vllm.compiled_ops(args)
+    assert variant["engine"] == {"compilation_config": {"custom_ops": ["none"]}}
+    assert variant["stand_in"] == "vllm._C_stable_libtorch" and "custom_ops=none" in variant["label"]
+    (tmp_path / "extension.json").unlink()  # the step died before writing: the variant too
+    assert gpu_vllm.compiled_ops(args)["stand_in"] == "vllm._C_stable_libtorch"
