@@ -27,7 +27,6 @@ its figures are no GPU's.
 from __future__ import annotations
 
 import importlib.util
-import math
 import shlex
 import shutil
 import subprocess
@@ -345,12 +344,6 @@ def with_interval(value: float, interval, spec: str = ".3f") -> str:
     return f"{value:{spec}} [{interval[0]:{spec}}, {interval[1]:{spec}}]"
 
 
-def mean_interval(values: list[float]) -> str:
-    from decodebench.stats import t_interval
-
-    return with_interval(sum(values) / len(values), t_interval(values).as_list())
-
-
 def idle_text(idle: list[dict]) -> tuple[float | None, str]:
     watts = [i["watts"] for i in idle if i["watts"] is not None]
     if not watts:
@@ -363,7 +356,6 @@ def methods_lines(folder: Path) -> list[str]:
     from decodebench.commands.compare import summarize
     from decodebench.reports.reader import read_run
     from decodebench.reports.tables import bound_text, p_text
-    from decodebench.stats import round_ratio_interval
 
     info = load_json(folder, "methods.json")
     names = list(info["arms"])
@@ -406,8 +398,7 @@ def methods_lines(folder: Path) -> list[str]:
                 each = " / ".join(f"{r:.2f}" for r in rounds)
                 over = "-"
                 if len(rounds) > 1:
-                    geo = math.exp(sum(map(math.log, rounds)) / len(rounds))
-                    over = with_interval(geo, round_ratio_interval(rounds).as_list(), ".2f") + "x"
+                    over = with_interval(*gpu_steps.over_rounds(rounds), ".2f") + "x"
                 metric = read_run(kept[numbers[0]][arm]).tasks[task].primary_metric or next(iter(row["quality"]), "-")
                 comparison = row["quality"].get(metric, {}).get("vs_baseline")
                 difference = (
@@ -509,7 +500,8 @@ def steps_lines(steps: dict) -> list[str]:
         "J per output token: board / above idle | J per total token: board / above idle | SM clock, MHz |",
         "|---|---:|---|---|---|---|---|---|---|",
     ]
-    for row in gpu_steps.summary(steps):
+    rows = gpu_steps.summary(steps)
+    for row in rows:
         speeds = " / ".join(f"{s:.0f}" for s in row["tokens_per_s"])
         reference = row["arm"] == "baseline"
         ratios = "-" if reference else " / ".join(f"{r:.3f}" for r in row["ratios"])
@@ -528,7 +520,7 @@ def steps_lines(steps: dict) -> list[str]:
             f"| {row['dtype']} | {row['batch']} | {row['arm']} | {speeds} | {ratios} | {over} | {joules[0]} | "
             f"{joules[1]} | {clock} |"
         )
-    distinct = {(r["batch"], r["distinct_prompts"]) for r in gpu_steps.summary(steps)}
+    distinct = {(r["batch"], r["distinct_prompts"]) for r in rows}
     repeated = [f"batch {b}: {d} distinct prompts" for b, d in sorted(distinct) if d < b]
     if repeated:
         lines += ["", f"Prompts repeat where cnndm_mini has too few that long ({'; '.join(repeated)})."]

@@ -20,7 +20,7 @@ per-request loop.
 
 from __future__ import annotations
 
-import math
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -137,20 +137,26 @@ class Device:
         return {"watts": (self.joules() - start_j) / elapsed, "seconds": elapsed, "reason": None}
 
 
-def gpu_facts() -> dict:
-    """What the page says of the GPU: name, driver, CUDA driver, clocks (now and at most), power limit,
-    persistence mode; from NVML. ``{}`` without one."""
-    try:
-        import pynvml as nvml
-
-        nvml.nvmlInit()
-    except Exception:
-        return {}
+def nvml_handle():
+    """NVML's handle of this process's CUDA device (NVML counts devices its own way)."""
+    import pynvml as nvml
     import torch
 
     from decodebench.measure.energy import visible_cuda_to_nvml
 
-    handle = nvml.nvmlDeviceGetHandleByIndex(visible_cuda_to_nvml([torch.cuda.current_device()])[0])
+    nvml.nvmlInit()
+    return nvml.nvmlDeviceGetHandleByIndex(visible_cuda_to_nvml([torch.cuda.current_device()])[0])
+
+
+def gpu_facts() -> dict:
+    """What the page says of the GPU: name, driver, CUDA driver, clocks (now and at most), power limit,
+    persistence mode; from NVML. ``{}`` without one."""
+    import pynvml as nvml
+
+    try:
+        handle = nvml_handle()
+    except Exception:
+        return {}
 
     def read(call, *args, scale=1.0):
         try:
@@ -174,10 +180,13 @@ def gpu_facts() -> dict:
 
 
 def sm_clock_mhz() -> int | None:
-    """The SM clock now (read right after a timed window: the clock under load)."""
-    facts = gpu_facts()
-    value = facts.get("sm_clock_mhz")
-    return value if isinstance(value, int) else None
+    """The SM clock now (read right after a timed window: the clock under load); None where NVML cannot say."""
+    import pynvml as nvml
+
+    try:
+        return nvml.nvmlDeviceGetClockInfo(nvml_handle(), nvml.NVML_CLOCK_SM)
+    except nvml.NVMLError:
+        return None
 
 
 def rotated(names: list[str], number: int) -> list[str]:
@@ -357,11 +366,20 @@ def idle_watts(steps: dict) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def over_rounds(ratios: list[float]) -> tuple[float, list[float] | None]:
+    """A ratio measured in each of a few interleaved rounds: its geometric mean and the 95% interval over rounds
+    (``decodebench.stats.round_ratio_interval``; None from one round)."""
+    from decodebench.stats import round_ratio_interval
+
+    interval = round_ratio_interval(ratios).as_list() if len(ratios) > 1 else None
+    return statistics.geometric_mean(ratios), interval
+
+
 def summary(steps: dict) -> list[dict]:
     """Per dtype, batch and arm: tokens/s per round; the arm's ratio over the baseline per round, their geometric
     mean and its interval over rounds; J per output and per total token, the board's and above idle, each the mean
     over rounds with its t interval."""
-    from decodebench.stats import round_ratio_interval, t_interval
+    from decodebench.stats import t_interval
 
     idle = idle_watts(steps)
     rows = []
@@ -373,6 +391,7 @@ def summary(steps: dict) -> list[dict]:
             own = sorted((w for w in mine if w["arm"] == arm), key=lambda w: w["round"])
             speeds = [w["output_tokens"] / w["seconds"] for w in own]
             ratios = [speed / base[w["round"]] for speed, w in zip(speeds, own, strict=True)]
+            ratio, interval = over_rounds(ratios)
             row = {
                 "dtype": dtype,
                 "batch": batch,
@@ -380,8 +399,8 @@ def summary(steps: dict) -> list[dict]:
                 "rounds": len(own),
                 "tokens_per_s": speeds,
                 "ratios": ratios,
-                "ratio": math.exp(sum(map(math.log, ratios)) / len(ratios)),
-                "ratio_interval": round_ratio_interval(ratios).as_list() if len(ratios) > 1 else None,
+                "ratio": ratio,
+                "ratio_interval": interval,
                 "window_s": [w["seconds"] for w in own],
                 "sm_clock_mhz": [w["sm_clock_mhz"] for w in own],
                 "distinct_prompts": own[0]["distinct_prompts"],

@@ -392,7 +392,7 @@ def extension_lines(outcome: dict) -> list[str]:
 
 def speed_rows(rows: list[dict], reference: str) -> list[str]:
     """Per batch: each arm's tokens/s per round, and its ratio over ``reference`` in the same round."""
-    from decodebench.stats import round_ratio_interval
+    from gpu_steps import over_rounds
 
     out = []
     for batch in sorted({r["batch"] for r in rows}):
@@ -404,10 +404,8 @@ def speed_rows(rows: list[dict], reference: str) -> list[str]:
             ratio = "-"
             if arm != reference and base:
                 ratios = [speed / base[r["round"]] for speed, r in zip(speeds, own, strict=True)]
-                low, high = round_ratio_interval(ratios).as_list() if len(ratios) > 1 else (ratios[0], ratios[0])
-                geo = 1.0
-                for value in ratios:
-                    geo *= value ** (1 / len(ratios))
+                geo, interval = over_rounds(ratios)
+                low, high = interval or (geo, geo)
                 ratio = f"{' / '.join(f'{r:.3f}' for r in ratios)}; {geo:.3f}x [{low:.3f}, {high:.3f}]"
             out.append(f"| {batch} | {arm} | {' / '.join(f'{s:.0f}' for s in speeds)} | {ratio} |")
     return out
