@@ -40,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import common
@@ -66,6 +67,8 @@ WINDOW = 64  # kvpress 0.5.5's SnapKV and PyramidKV observation window (their de
 RUN_STORE = "nugget-runs"
 # in a study page's data folder: {run folder name: {task: its kept run, relative to the store}}
 RUNS_FILE = "runs.json"
+# beside a run the study made (in its output folder and in the store): the command that made it
+MAKER_FILE = "made-by.json"
 
 
 def nugget_run(
@@ -164,6 +167,9 @@ def keep_run(folder: Path, name: str, ratio: float | None, task: str, results: P
     where = f"{folder_name(name, ratio)}/{task}-{date_id(results)}"
     if not (run_store(folder) / where).is_dir():
         keep_lm_eval_run(results, run_store(folder) / where)
+    maker = next((p / MAKER_FILE for p in (results.parent, results.parent.parent) if (p / MAKER_FILE).is_file()), None)
+    if maker and not (run_store(folder) / where / MAKER_FILE).is_file():
+        shutil.copyfile(maker, run_store(folder) / where / MAKER_FILE)
     runs = load_json(folder, RUNS_FILE) if (folder / RUNS_FILE).is_file() else {}
     runs.setdefault(folder_name(name, ratio), {})[task] = where
     save_json(folder, RUNS_FILE, runs)
@@ -199,22 +205,31 @@ def run_lm_eval(
     batch: int,
     weights: str | None = None,
     wrapper: str = "kept",
+    maker: dict | None = None,
 ):
     """One lm_eval run (reused when a finished one is under ``out``: delete its folder to redo it). A run is kept
     under the sha256 of the method's code (``method_code``) and, of a trained checkpoint, of its weights
     (``weights``), so neither changed selection code nor retrained weights are ever answered by an old run; a
-    compressed run under its layout (``wrapper``)."""
+    compressed run under its layout (``wrapper``). Only a run the study made is reused: it writes ``maker`` (the
+    command) beside each run it makes, and a finished run without it, put there by something else, is run again."""
     folder = out / folder_name(name, ratio) / f"{task}-limit{limit or 'all'}-batch{batch}-code{method_code()[:12]}"
     if ratio:
         folder = folder.with_name(f"{folder.name}-wrapper-{wrapper}")
     if weights:
         folder = folder.with_name(f"{folder.name}-weights{weights[:12]}")
     existing = sorted(folder.glob("**/results_*.json"))
-    if existing:
+    if existing and (folder / MAKER_FILE).is_file():
         print(f"{label(name, ratio)}, {task}: reusing {existing[-1]}", flush=True)
         return existing[-1]
+    if existing:
+        print(
+            f"{label(name, ratio)}, {task}: {folder} holds a run the study did not make; running it again", flush=True
+        )
+        shutil.rmtree(folder)
     run = nugget_run(name, ratio, task, folder, wrapper=wrapper, limit=limit, batch_size=batch)
-    return run.run_or_raise(f"{label(name, ratio)}, {task}")
+    results = run.run_or_raise(f"{label(name, ratio)}, {task}")
+    (folder / MAKER_FILE).write_text(json.dumps(maker or {"script": "studies/nugget_study.py"}, indent=1) + "\n")
+    return results
 
 
 @functools.cache
@@ -223,29 +238,35 @@ def peers_code() -> str:
     return hashlib.sha256(Path(__file__).with_name("kvpress_peers.py").read_bytes()).hexdigest()
 
 
-def peers_file(out: Path, ratio: float, task: str, limit: int | None, kind: str = "quality") -> Path:
+def peers_file(out: Path, ratio: float, task: str, limit: int | None, kind: str = "quality", batch: int = 1) -> Path:
+    """Where the kvpress peers' output for one ratio and task is kept: under their code's sha256 and, for answers,
+    the batch they were decoded in (a batch's arithmetic may break a near tie another way)."""
     name = f"{task}-limit{limit or 'all'}-code{peers_code()[:12]}"
-    return out / f"kvpress-r{ratio:g}" / (f"{name}.json" if kind == "quality" else f"{name}-{kind}.json")
+    if kind == "quality":
+        return out / f"kvpress-r{ratio:g}" / (f"{name}.json" if batch == 1 else f"{name}-batch{batch}.json")
+    return out / f"kvpress-r{ratio:g}" / f"{name}-{kind}.json"
 
 
 def has_presses(peers: Path, presses: str) -> bool:
-    """Whether a kept peers file holds every press of ``presses`` (comma-separated): kvpress_peers.py writes it after
-    each press, so a run stopped midway leaves one with fewer, which is run again, never read as finished."""
+    """Whether a kept peers file has finished every press of ``presses`` (comma-separated): kvpress_peers.py writes it
+    after each batch and names a press finished only at its end, so a run stopped midway leaves one that is run
+    again (going on from its last batch), never read as finished."""
     if not peers.is_file():
         return False
     wanted = {name.strip() for name in presses.split(",") if name.strip()}
-    return wanted <= json.loads(peers.read_text()).keys()
+    return wanted <= set(json.loads(peers.read_text()).get("finished", []))
 
 
 def kvpress_command(args, model_path: str, ratio: float, task: str, limit: int | None, kind: str) -> list[str]:
     """The kvpress peers' command for one ratio and task (its documents written beside its output)."""
-    target = peers_file(Path(args.out).resolve(), ratio, task, limit, kind)
+    target = peers_file(Path(args.out).resolve(), ratio, task, limit, kind, args.kvpress_batch_size)
     items = target.with_name(f"{task}-limit{limit or 'all'}.items.json")
     items.parent.mkdir(parents=True, exist_ok=True)
     items.write_text(json.dumps(kvpress_items({task: limit})))
     return [
         *(args.kvpress_python, str(Path(__file__).with_name("kvpress_peers.py")), "--skip-refused"),
         *("--checkpoint", model_path, "--ratio", f"{ratio:g}", "--items", str(items), "--presses", args.presses),
+        *("--batch-size", str(args.kvpress_batch_size)),
         *("--out", str(target), *(["--cost"] if kind == "cost" else [])),
     ]
 
@@ -261,7 +282,7 @@ def start_kvpress_quality(args, model_path: str) -> tuple:
     pending = []
     for ratio in args.ratios:
         for task, limit in args.limit.items():
-            target = peers_file(Path(args.out).resolve(), ratio, task, limit)
+            target = peers_file(Path(args.out).resolve(), ratio, task, limit, batch=args.kvpress_batch_size)
             if not has_presses(target, args.presses):
                 pending.append(
                     (
@@ -438,12 +459,17 @@ def collect(folder: Path, argv: list[str], args) -> None:
     if spans:
         save_json(folder, "span_scorer.json", spans)
     runs = [("full", None)] + [(name, ratio) for ratio in args.ratios for name in args.selectors]
+    maker = {
+        "script": "studies/nugget_study.py",
+        "command": shlex.join(["python", "studies/nugget_study.py", *argv]),
+        "started": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
+    }
     kvpress_runs = start_kvpress_quality(args, model_path) if args.kvpress_python else None
     for name, ratio in runs:
         for task, limit in args.limit.items():
             weights = checkpoints[f"{ratio:g}"]["sha256"] if name in ("trained", "scorer only") else None
             weights = spans["sha256"] if name == "answer-spans" else weights
-            results = run_lm_eval(out, name, ratio, task, limit, args.batch_size, weights, args.wrapper)
+            results = run_lm_eval(out, name, ratio, task, limit, args.batch_size, weights, args.wrapper, maker)
             keep_run(folder, name, ratio, task, results)
     if args.kvpress_python:
         finish_kvpress_quality(kvpress_runs)
@@ -452,7 +478,7 @@ def collect(folder: Path, argv: list[str], args) -> None:
                 save_json(
                     folder / "kvpress" / f"r{ratio:g}",
                     f"{task}.json",
-                    json.loads(peers_file(out, ratio, task, limit).read_text()),
+                    json.loads(peers_file(out, ratio, task, limit, batch=args.kvpress_batch_size).read_text()),
                 )
         # what compressing costs, measured alone on the machine once every quality run is done
         for ratio in args.ratios:
@@ -541,26 +567,32 @@ def read_rows(folder: Path) -> tuple[list[Row], list[float]]:
 
 
 def made_elsewhere(folder: Path, run: dict) -> list[str]:
-    """The rows whose kept run finished before this page's command started: its command did not make them (its
-    reuse rule finds a finished run by its folder's name), so the page cannot vouch for them. The start is taken as
-    the last kept run's finish less the command's duration: never later than the true start, so a row named here
-    surely predates it."""
-    from datetime import datetime, timedelta
+    """The rows the page cannot show its study made: kept runs without the study's maker file (the study writes it
+    beside each run it makes) that finished before this page's command started (so it did not make them either;
+    its reuse rule found them in its output folder). The start is taken as the last kept run's finish less the
+    command's duration: never later than the true start, so a row named here surely predates it."""
+    from datetime import timedelta
 
     finished = {
-        (run_name, task): datetime.strptime(where.rpartition("/")[2].partition("-")[2], "%Y-%m-%dT%H-%M-%S.%f")
+        (run_name, task): (
+            datetime.strptime(where.rpartition("/")[2].partition("-")[2], "%Y-%m-%dT%H-%M-%S.%f"),
+            (run_store(folder) / where / MAKER_FILE).is_file(),
+        )
         for run_name, tasks in load_json(folder, RUNS_FILE).items()
         for task, where in tasks.items()
     }
-    started = max(finished.values()) - timedelta(seconds=run.get("seconds", 0))
-    earlier = sorted((when, name, task) for (name, task), when in finished.items() if when < started)
+    started = max(when for when, _ in finished.values()) - timedelta(seconds=run.get("seconds", 0))
+    earlier = sorted(
+        (when, name, task) for (name, task), (when, made) in finished.items() if when < started and not made
+    )
     if not earlier:
         return []
     return [
         f"- **not made by this command as run:** {len(earlier)} of the page's {len(finished)} runs finished before "
-        f"it started ({started:%Y-%m-%d %H:%M} UTC at the latest): its reuse rule found them in its output folder, "
-        "put there by an earlier invocation or by something else, and the page cannot show which; only a rerun "
-        "into a fresh `--out` makes them this command's: "
+        f"it started ({started:%Y-%m-%d %H:%M} UTC at the latest) and carry no record of the study having made them "
+        "(made before it kept one): its reuse rule found them in its output folder, put there by an earlier "
+        "invocation or by something else, and the page cannot show which; only a rerun into a fresh `--out` makes "
+        "them this command's: "
         + ", ".join(f"{name.replace('-r-', ' @ ')} on {task} ({when:%Y-%m-%d})" for when, name, task in earlier)
     ]
 
@@ -637,7 +669,7 @@ def render(folder: Path) -> str:
         ),
         *span_scorer_lines(folder),
         *our_peers_lines(names),
-        *(kvpress_lines() if kvpress else []),
+        *(kvpress_lines(folder) if kvpress else []),
         "- interval: 95% (Wilson with continuity correction for accuracy, Student's t for ROUGE); vs full: paired on "
         "the same documents (McNemar exact for accuracy, the paired sign-flip permutation test for ROUGE, with the "
         "interval each implies); KV: the document's kept key/value bytes per row; TTFT: p50 over rows; peak memory: "
@@ -756,12 +788,24 @@ def our_peers_lines(names: set[str]) -> list[str]:
 DEFAULT = "answer-spans"  # --model nugget's default selector
 
 
-def kvpress_lines() -> list[str]:
-    """What the page says of kvpress's presses and how they ran."""
+def kvpress_lines(folder: Path) -> list[str]:
+    """What the page says of kvpress's presses and how they ran (the decoding batch from their kept files)."""
+    batches = {
+        json.loads(path.read_text()).get("batch_size", 1)
+        for path in (folder / "kvpress").glob("r*/*.json")
+        if not path.name.endswith("-cost.json")
+    }
+    decoding = (
+        "batch 1"
+        if batches == {1}
+        else f"each document compressed alone as the pipeline does, then {'/'.join(map(str, sorted(batches)))} "
+        "documents decoded together by the pipeline's greedy rule (studies/kvpress_peers.py's `decode_together`; "
+        "tests/kvpress_check.py: the same answers as the pipeline's one at a time, every press)"
+    )
     return [
         "- kvpress 0.5.5's presses, in its own environment (`tox -e kvpress`: transformers<5.3), through kvpress's "
         "text-generation pipeline (chat template, greedy, the question after compression, the answer cut at the "
-        "task's stops), batch 1, each compressing exactly the document as `--model nugget` does: the chat "
+        f"task's stops), {decoding}, each compressing exactly the document as `--model nugget` does: the chat "
         "template's opening kept whole, ceil(n / ratio) of the document's n tokens kept, the question uncompressed "
         "(kvpress's `compression_ratio` set per document to drop the rest, the opening ranked above every document "
         "token; studies/kvpress_peers.py). Each press's defaults otherwise:",
@@ -1145,6 +1189,13 @@ def main(argv: list[str] | None = None) -> int:
         help="documents per task whose prefill cost is timed with --kvpress-python (squad_mini=50,cnndm_mini=20)",
     )
     parser.add_argument(
+        "--kvpress-batch-size",
+        type=int,
+        default=16,
+        help="documents a kvpress run decodes together, each compressed alone (default 16; 1: kvpress's pipeline "
+        "call, one at a time)",
+    )
+    parser.add_argument(
         "--kvpress-jobs", type=int, default=2, help="kvpress quality runs side by side, sharing the cores (default 2)"
     )
     parser.add_argument(
@@ -1164,6 +1215,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown selectors {unknown}; choose from {', '.join(OURS)}")
     if unknown := sorted({p.strip() for p in args.presses.split(",") if p.strip()} - set(PRESSES)):
         parser.error(f"unknown presses {unknown}; choose from {', '.join(PRESSES)}")
+    if args.kvpress_batch_size < 1:
+        parser.error(f"--kvpress-batch-size must be at least 1, got {args.kvpress_batch_size}")
     if args.kvpress_jobs < 1:
         parser.error(f"--kvpress-jobs must be at least 1, got {args.kvpress_jobs}")
     return page(args, argv, lambda folder, command: collect(folder, command, args), render)

@@ -117,3 +117,85 @@ def test_the_pipeline_without_a_press_scores_as_lm_evals_full_context_run(pipe):
         question = "\n\nBased on the provided document, answer the following question:\n" + doc["question"]
         answer = pipe(doc["context"], question=question, max_new_tokens=64)["answer"]
         assert kvpress_peers.score("squad_mini", answer, doc["answers"]["text"]) == kept[doc_id], doc_id
+
+
+def squad_items(count: int) -> list[dict]:
+    """The first squad_mini questions as the study's items (tasks/squad/_squad_yaml's prompt, split before the
+    question as ``--model nugget`` splits it)."""
+    import json
+
+    root = Path(__file__).resolve().parents[1]
+    with open(root / "tasks" / "squad" / "squad_mini.jsonl") as lines:
+        docs = [json.loads(line) for _, line in zip(range(count), lines, strict=False)]
+    return [
+        {
+            "task": "squad_mini",
+            "doc_id": doc_id,
+            "document": doc["context"],
+            "question": "\n\nBased on the provided document, answer the following question:\n" + doc["question"],
+            "max_new": 64,
+            "stop": [],
+            "references": doc["answers"]["text"],
+        }
+        for doc_id, doc in enumerate(docs)
+    ]
+
+
+@pytest.mark.parametrize("name", list(kvpress_peers.PRESSES))
+def test_documents_decoded_together_answer_as_the_pipeline_does_one_at_a_time(pipe, name):
+    """The study decodes 16 compressed documents together (each compressed alone); kvpress's pipeline answers one
+    at a time. Documents of different lengths (so rows are padded) and, for KVzip, masked pairs moved to their row:
+    the same answers and the same kept bytes."""
+    items = squad_items(6)
+    for item in items:
+        item["opening"], item["document_tokens"] = kvpress_peers.split_context(pipe, item)
+    # SnapKV's and PyramidKV's window must fit in the context (the study leaves the others out of their rows)
+    items = [item for item in items if item["opening"] + item["document_tokens"] > 64]
+    assert len({item["document_tokens"] for item in items}) > 1
+    press = kvpress_peers.make_presses([name])[name]
+
+    def fitted(item):
+        return kvpress_peers.fit(press, item["opening"], item["document_tokens"], 5.0)
+
+    one_at_a_time = kvpress_peers.answer_compressed(pipe, items, fitted, batch=1)
+    together = kvpress_peers.answer_compressed(pipe, items, fitted, batch=len(items))
+    assert together == one_at_a_time
+
+
+def test_a_run_stopped_midway_goes_on_from_its_last_batch(pipe, tmp_path, monkeypatch):
+    """--out is written after each batch; started again, a run answers only what is missing and names a press
+    finished only once all its documents are answered."""
+    import json
+
+    items = tmp_path / "items.json"
+    items.write_text(json.dumps(squad_items(3)))
+    out = tmp_path / "peers.json"
+    checkpoint = pipe.model.config.name_or_path
+    command = ["--checkpoint", checkpoint, "--ratio", "5", "--items", str(items), "--out", str(out)]
+    command += ["--presses", "KNorm", "--batch-size", "2"]
+    assert kvpress_peers.main(command) == 0
+    whole = json.loads(out.read_text())
+    assert whole["finished"] == ["KNorm"] and len(whole["KNorm"]["squad_mini"]["scores"]) == 3
+    # as if stopped after the first batch: the last answered document (the entries keep the order answered)
+    stopped = json.loads(out.read_text())
+    stopped["finished"] = []
+    last = list(stopped["KNorm"]["squad_mini"]["scores"])[-1]
+    del stopped["KNorm"]["squad_mini"]["scores"][last]
+    for key in ("document_kv_bytes", "document_tokens"):
+        stopped["KNorm"]["squad_mini"][key] = stopped["KNorm"]["squad_mini"][key][:2]
+    out.write_text(json.dumps(stopped))
+    answered = []
+    original = kvpress_peers.answer_compressed
+    monkeypatch.setattr(
+        kvpress_peers,
+        "answer_compressed",
+        lambda pipe, batch, *rest: answered.extend(i["doc_id"] for i in batch) or original(pipe, batch, *rest),
+    )
+    assert kvpress_peers.main(command) == 0
+    again = json.loads(out.read_text())
+    assert answered == [int(last)]
+    assert again["finished"] == ["KNorm"]
+    assert again["KNorm"]["squad_mini"]["scores"] == whole["KNorm"]["squad_mini"]["scores"]
+    assert sorted(again["KNorm"]["squad_mini"]["document_tokens"]) == sorted(
+        whole["KNorm"]["squad_mini"]["document_tokens"]
+    )

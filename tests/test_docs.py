@@ -176,6 +176,12 @@ def test_nugget_study_reuses_a_kept_run_only_for_the_same_method_code(tmp_path, 
     assert nugget_study.run_lm_eval(tmp_path, "salience", 5, "squad_mini", None, 8) == first and len(made) == 1
     monkeypatch.setattr(nugget_study, "method_code", lambda: "f" * 64)  # the selection code changed since
     assert nugget_study.run_lm_eval(tmp_path, "salience", 5, "squad_mini", None, 8) != first and len(made) == 2
+    # a finished run the study did not make (no maker file: put there by something else) is run again
+    (first.parents[1] / nugget_study.MAKER_FILE).unlink()
+    monkeypatch.undo()
+    monkeypatch.setattr(nugget_study, "nugget_run", lambda name, ratio, task, folder, **options: Run(folder))
+    assert nugget_study.run_lm_eval(tmp_path, "salience", 5, "squad_mini", None, 8) == first and len(made) == 3
+    assert (first.parents[1] / nugget_study.MAKER_FILE).is_file()
 
 
 def test_a_nugget_study_page_names_the_rows_its_command_did_not_make(tmp_path):
@@ -193,14 +199,22 @@ def test_a_nugget_study_page_names_the_rows_its_command_did_not_make(tmp_path):
     assert "salience" not in line and "truncation" not in line
     # the same runs under a command that took long enough to have made them all
     assert nugget_study.made_elsewhere(tmp_path, {"seconds": 4 * 24 * 3600}) == []
+    # a run the study recorded making (its maker file kept beside it) is its own, whenever it finished
+    kept = nugget_study.run_store(tmp_path) / runs["full"]["squad_mini"]
+    kept.mkdir(parents=True)
+    (kept / nugget_study.MAKER_FILE).write_text("{}")
+    assert nugget_study.made_elsewhere(tmp_path, {"seconds": 3600}) == []
 
 
 def test_a_kvpress_peers_file_stopped_midway_is_run_again(tmp_path):
-    """kvpress_peers.py writes its output after each press: a run stopped after some presses leaves a file that must
-    not pass for a finished one."""
+    """kvpress_peers.py writes its output after each batch and names a press finished only at its end: a run stopped
+    midway leaves a file that must not pass for a finished one (tests/kvpress_check.py: started again, it goes on)."""
     nugget_study = importlib.import_module("nugget_study")
     peers = tmp_path / "peers.json"
     assert not nugget_study.has_presses(peers, "KVzip,KNorm")
-    peers.write_text(json.dumps({"machine": {}, "ratio": 5, "left_out": {}, "KVzip": {"squad_mini": {"scores": {}}}}))
+    answered = {"squad_mini": {"scores": {"0": 1.0}}}
+    peers.write_text(json.dumps({"machine": {}, "ratio": 5, "left_out": {}, "KVzip": answered, "KNorm": answered}))
+    assert not nugget_study.has_presses(peers, "KVzip")  # answers, but no press named finished
+    peers.write_text(json.dumps({"ratio": 5, "KVzip": answered, "KNorm": answered, "finished": ["KVzip"]}))
     assert not nugget_study.has_presses(peers, "KVzip,KNorm")
     assert nugget_study.has_presses(peers, "KVzip")
