@@ -112,14 +112,12 @@ def split_question(lm, task, doc: dict, doc_id) -> tuple[list[int], int, int, li
     """A SQuAD question's prompt as lm_eval sends it (``--apply_chat_template``) to ``--model nugget`` (``lm``): its
     tokens, where the document ends (``n``), the opening kept whole (``wrapper=kept``, the default), and the indices
     of the document tokens overlapping the first reference answer."""
-    method = lm.method
-    prompt = lm.apply_chat_template([{"role": "user", "content": task.doc_to_text(doc)}])
-    ids = lm.tok_batch_encode([prompt])[0][0].tolist()
+    from nugget_prefill_bench import prompt_tokens
+
+    prompt, ids, n, opening = prompt_tokens(lm, task, doc)
     encoded = lm.tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
     if encoded["input_ids"] != ids:
         raise ValueError(f"question {doc_id}: its offsets are not those of the tokens lm_eval sent")
-    n = method.split_point(lm, ids)
-    opening = method.opening_length(lm, ids, n)
     start, text = doc["answers"]["answer_start"][0], doc["answers"]["text"][0]
     answer = answer_tokens(encoded["offset_mapping"], prompt, doc["context"], start, text)
     if not answer or answer[-1] >= n:

@@ -28,6 +28,31 @@ import common
 SIDES = ("plain", "own pass", "shared")
 
 
+def prompt_tokens(lm, task, doc: dict) -> tuple[str, list[int], int, int]:
+    """A document's prompt as lm_eval sends it (``--apply_chat_template``) to ``--model nugget`` (``lm``): its text,
+    its tokens, where the document ends (``n``) and the opening kept whole (``wrapper=kept``, the default)."""
+    prompt = lm.apply_chat_template([{"role": "user", "content": task.doc_to_text(doc)}])
+    ids = lm.tok_batch_encode([prompt])[0][0].tolist()
+    n = lm.method.split_point(lm, ids)
+    return prompt, ids, n, lm.method.opening_length(lm, ids, n)
+
+
+def prefill(lm, side: str, document, opening: int, tail: list[int], ratio: float):
+    """One prefill of ``document`` [1, n] by ``lm`` (``--model nugget``, answer-span scorer): ``plain``, the frozen
+    model with its cache whole (nothing compressed); ``shared``, as the default runs, the scorer reading the encoding
+    pass's states as it computes them, then the kept positions; ``own pass``, the scorer's layers run first. Returns
+    the kept indices (None for plain)."""
+    from decodebench.models.nugget.compressor import LayerScores, encode_nuggets
+
+    if side == "plain":
+        lm.model(input_ids=document, use_cache=True, logits_to_keep=1)
+        return None
+    selector = lm.method.selector
+    scores = selector.scores(lm, document, tail) if side == "own pass" else selector.encoding_scores(lm, document, tail)
+    assert isinstance(scores, LayerScores) == (side == "shared")
+    return encode_nuggets(lm.model, document, scores, ratio, encoder=False, kept_whole=opening).indices
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--limit", type=int, default=40, help="squad_mini questions (default 40)")
@@ -42,33 +67,24 @@ def main(argv: list[str] | None = None) -> int:
     from nugget_kept import TASK, split_question
     from tqdm import tqdm
 
-    from decodebench.models.nugget.compressor import LayerScores, encode_nuggets
     from decodebench.stats import round_ratio_interval
 
     task, docs = common.task_docs(TASK, args.limit)
     lm = get_model("nugget").create_from_arg_string(
         f"pretrained=embedded,selector=answer-spans,ratio={args.ratio:g},device={args.device}"
     )
-    selector, model, device = lm.method.selector, lm.model, lm.device
+    device = lm.device
 
     def synchronized():
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return time.perf_counter()
 
-    def prefill(side: str, ids: torch.Tensor, opening: int, tail: list[int]):
-        if side == "plain":
-            model(input_ids=ids, use_cache=True, logits_to_keep=1)
-            return None
-        scores = selector.scores(lm, ids, tail) if side == "own pass" else selector.encoding_scores(lm, ids, tail)
-        assert isinstance(scores, LayerScores) == (side == "shared")
-        return encode_nuggets(model, ids, scores, args.ratio, encoder=False, kept_whole=opening).indices
-
     seconds = {side: [] for side in SIDES}
     same = 0
     with torch.inference_mode():
         ids, n, opening, _ = split_question(lm, task, docs[0], 0)
-        prefill("shared", torch.tensor([ids[:n]], device=device), opening, ids[n:])  # warm-up, not timed
+        prefill(lm, "shared", torch.tensor([ids[:n]], device=device), opening, ids[n:], args.ratio)  # warm-up
         for number, doc in enumerate(tqdm(docs, desc="questions")):
             ids, n, opening, _ = split_question(lm, task, doc, number)
             document = torch.tensor([ids[:n]], device=device)
@@ -76,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             kept = {}
             for side in SIDES[shift:] + SIDES[:shift]:
                 started = synchronized()
-                kept[side] = prefill(side, document, opening, ids[n:])
+                kept[side] = prefill(lm, side, document, opening, ids[n:], args.ratio)
                 seconds[side].append(synchronized() - started)
             same += torch.equal(kept["own pass"], kept["shared"])
 

@@ -344,45 +344,35 @@ def default_cost(ratio: float, limits: dict[str, int | None]) -> dict:
     discarded prefill of each side first pays the first-run costs."""
     import torch
     from lm_eval.api.registry import get_model
+    from nugget_prefill_bench import prefill, prompt_tokens
     from tqdm import tqdm
 
     from decodebench.measure.memory import open_memory_meter
-    from decodebench.models.nugget.compressor import encode_nuggets
 
     device = "cuda" if torch.cuda.is_available() else "cpu"  # lm_eval's own default is cuda, even without one
     lm = get_model("nugget").create_from_arg_string(
         f"pretrained=embedded,selector=answer-spans,ratio={ratio:g},device={device}"
     )
-    method, model, selector = lm.method, lm.model, lm.method.selector
     meter = open_memory_meter(lm.device.type, lm.device)
 
-    def prefill(side: str, ids: list[int], n: int, opening: int) -> tuple[float, int | None]:
-        document = torch.tensor([ids[:n]], device=lm.device)
+    def measured(side: str, ids: list[int], n: int, opening: int) -> tuple[float, int | None]:
         meter.start()
         started = time.perf_counter()
         with torch.inference_mode():
-            if side == "plain":
-                model(input_ids=document, use_cache=True, logits_to_keep=1)
-            else:
-                scores = selector.encoding_scores(lm, document, ids[n:])
-                encode_nuggets(model, document, scores, ratio, encoder=False, kept_whole=opening)
+            way = "shared" if side == "answer-spans" else side  # the default reads the encoding pass's states
+            prefill(lm, way, torch.tensor([ids[:n]], device=lm.device), opening, ids[n:], ratio)
         return time.perf_counter() - started, meter.peak_bytes()
 
     cost: dict[str, dict] = {}
     sides = ("plain", "answer-spans")
     for name, limit in limits.items():
         task, docs = common.task_docs(name, limit)
-        prompts = []
-        for doc in docs:
-            prompt = lm.apply_chat_template([{"role": "user", "content": task.doc_to_text(doc)}])
-            ids = lm.tok_batch_encode([prompt])[0][0].tolist()
-            n = method.split_point(lm, ids)
-            prompts.append((ids, n, method.opening_length(lm, ids, n)))
+        prompts = [prompt_tokens(lm, task, doc)[1:] for doc in docs]
         for side in sides:
-            prefill(side, *prompts[0])
+            measured(side, *prompts[0])
         for doc_id, prompt in enumerate(tqdm(prompts, desc=f"default prefill cost @ {ratio:g} on {name}")):
             for side in sides if doc_id % 2 == 0 else sides[::-1]:
-                seconds, peak = prefill(side, *prompt)
+                seconds, peak = measured(side, *prompt)
                 cost.setdefault(name, {}).setdefault(side, {})[str(doc_id)] = [seconds, peak]
     return {"memory_source": meter.source, "by_task": cost}
 
