@@ -34,6 +34,7 @@ import functools
 import hashlib
 import json
 import math
+import os
 import shlex
 import shutil
 import statistics
@@ -276,7 +277,6 @@ def start_kvpress_quality(args, model_path: str) -> tuple:
     ``--kvpress-jobs`` at a time, each with its share of the cores: a 135M model's decoding is bound by per-step
     overheads, so processes side by side finish sooner than one with every core); they run while the lm_eval rows
     run. Returns what ``finish_kvpress_quality`` waits on."""
-    import os
     import threading
 
     pending = []
@@ -439,6 +439,11 @@ def collect(folder: Path, argv: list[str], args) -> None:
     from decodebench.models.nugget.shipped import shipped_checkpoint, shipped_span_scorer, verify
 
     started = time.time()
+    if args.kvpress_python:
+        # the lm_eval rows share the cores with the kvpress runs: one thread each, waiting threads asleep (set before
+        # lm_eval's fork server starts; tox.ini's py env measures why: spinning threads starve the other processes)
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     out = Path(args.out).resolve()
     model_path = str(ensure_embedded_model(log=print))
     ratios = set(args.ratios) if {"trained", "scorer only"} & set(args.selectors) else set()
