@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import math
 import time
@@ -127,6 +128,11 @@ def fit(press, opening: int, document: int, ratio: float):
     return press
 
 
+def fitted_to(press, ratio: float, item: dict):
+    """``press`` set for ``item``'s document (``fit``)."""
+    return fit(press, item["opening"], item["document_tokens"], ratio)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", required=True)
@@ -203,16 +209,16 @@ def main(argv: list[str] | None = None) -> int:
         ]
         # one length limit a batch (a task's), documents of like length together (less padding)
         todo.sort(key=lambda item: (item["task"], item["document_tokens"]))
-        batches = [todo[at : at + args.batch_size] for at in range(0, len(todo), args.batch_size)]
-        batches = [part for batch in batches for part in split_by(batch, lambda item: item["task"])]
-        fitted = functools.partial(fit, press)
+        batches = [
+            task_items[at : at + args.batch_size]
+            for _, grouped in itertools.groupby(todo, key=lambda item: item["task"])
+            for task_items in [list(grouped)]
+            for at in range(0, len(task_items), args.batch_size)
+        ]
         with tqdm(total=len(todo), desc=f"{name} @ {args.ratio:g}") as progress:
             for batch in batches:
                 answers = answer_compressed(
-                    pipe,
-                    batch,
-                    lambda item, fitted=fitted: fitted(item["opening"], item["document_tokens"], args.ratio),
-                    args.batch_size,
+                    pipe, batch, functools.partial(fitted_to, press, args.ratio), args.batch_size
                 )
                 for item, (answer, kv_bytes) in zip(batch, answers, strict=True):
                     entry = per_task.setdefault(item["task"], {"scores": {}})
@@ -324,17 +330,6 @@ def decode_together(pipe, rows: list[Compressed], max_new: int) -> list[str]:
         for layer in model.model.layers:
             layer.self_attn.masked_key_indices = None
     return [pipe.tokenizer.decode(ids, skip_special_tokens=True) for ids in generated]
-
-
-def split_by(items: list[dict], key) -> list[list[dict]]:
-    """``items`` cut where ``key`` changes (they come sorted by it)."""
-    parts: list[list[dict]] = []
-    for item in items:
-        if parts and key(parts[-1][-1]) == key(item):
-            parts[-1].append(item)
-        else:
-            parts.append([item])
-    return parts
 
 
 def answer_compressed(pipe, items: list[dict], press_for, batch: int = 1) -> list[tuple[str, int]]:
