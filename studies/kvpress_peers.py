@@ -209,12 +209,10 @@ def main(argv: list[str] | None = None) -> int:
         ]
         # one length limit a batch (a task's), documents of like length together (less padding)
         todo.sort(key=lambda item: (item["task"], item["document_tokens"]))
-        batches = [
-            task_items[at : at + args.batch_size]
-            for _, grouped in itertools.groupby(todo, key=lambda item: item["task"])
-            for task_items in [list(grouped)]
-            for at in range(0, len(task_items), args.batch_size)
-        ]
+        batches = []
+        for _, grouped in itertools.groupby(todo, key=lambda item: item["task"]):
+            task_items = list(grouped)
+            batches += [task_items[at : at + args.batch_size] for at in range(0, len(task_items), args.batch_size)]
         with tqdm(total=len(todo), desc=f"{name} @ {args.ratio:g}") as progress:
             for batch in batches:
                 answers = answer_compressed(
