@@ -207,17 +207,47 @@ def run_lm_eval(
     weights: str | None = None,
     wrapper: str = "kept",
     maker: dict | None = None,
-):
+    wait: bool = True,
+) -> Path | None:
     """One lm_eval run (reused when a finished one is under ``out``: delete its folder to redo it). A run is kept
     under the sha256 of the method's code (``method_code``) and, of a trained checkpoint, of its weights
     (``weights``), so neither changed selection code nor retrained weights are ever answered by an old run; a
     compressed run under its layout (``wrapper``). Only a run the study made is reused: it writes ``maker`` (the
-    command) beside each run it makes, and a finished run without it, put there by something else, is run again."""
+    command) beside each run it makes, and a finished run without it, put there by something else, is run again.
+
+    Studies sharing one ``out`` side by side make each run once: a run is made under a lock beside its folder, and
+    while another study holds it this one waits for that run to reuse it or, without ``wait``, returns None."""
+    from filelock import FileLock, Timeout
+
     folder = out / folder_name(name, ratio) / f"{task}-limit{limit or 'all'}-batch{batch}-code{method_code()[:12]}"
     if ratio:
         folder = folder.with_name(f"{folder.name}-wrapper-{wrapper}")
     if weights:
         folder = folder.with_name(f"{folder.name}-weights{weights[:12]}")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(folder.with_name(f"{folder.name}.lock"))
+    try:
+        lock.acquire(timeout=-1 if wait else 0)
+    except Timeout:
+        print(f"{label(name, ratio)}, {task}: another study sharing {out} is making it; coming back to it", flush=True)
+        return None
+    try:
+        return made_or_reused(folder, name, ratio, task, limit, batch, wrapper, maker)
+    finally:
+        lock.release()
+
+
+def made_or_reused(
+    folder: Path,
+    name: str,
+    ratio: float | None,
+    task: str,
+    limit: int | None,
+    batch: int,
+    wrapper: str,
+    maker: dict | None,
+) -> Path:
+    """``run_lm_eval``'s run in ``folder``, its lock held: the kept one if the study made it, else a new one."""
     existing = sorted(folder.glob("**/results_*.json"))
     if existing and (folder / MAKER_FILE).is_file():
         print(f"{label(name, ratio)}, {task}: reusing {existing[-1]}", flush=True)
@@ -460,12 +490,20 @@ def collect(folder: Path, argv: list[str], args) -> None:
         "started": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
     }
     kvpress_runs = start_kvpress_quality(args, model_path) if args.kvpress_python else None
-    for name, ratio in runs:
-        for task, limit in args.limit.items():
-            weights = checkpoints[f"{ratio:g}"]["sha256"] if name in ("trained", "scorer only") else None
-            weights = spans["sha256"] if name == "answer-spans" else weights
-            results = run_lm_eval(out, name, ratio, task, limit, args.batch_size, weights, args.wrapper, maker)
+
+    def make(name: str, ratio: float | None, task: str, limit: int | None, wait: bool) -> Path | None:
+        weights = checkpoints[f"{ratio:g}"]["sha256"] if name in ("trained", "scorer only") else None
+        weights = spans["sha256"] if name == "answer-spans" else weights
+        results = run_lm_eval(out, name, ratio, task, limit, args.batch_size, weights, args.wrapper, maker, wait)
+        if results is not None:
             keep_run(folder, name, ratio, task, results)
+        return results
+
+    rows = [(name, ratio, task, limit) for name, ratio in runs for task, limit in args.limit.items()]
+    # a row another study sharing ``out`` is making now is passed over, then waited for once the others are done
+    later = [row for row in rows if make(*row, wait=False) is None]
+    for row in later:
+        make(*row, wait=True)
     if args.kvpress_python:
         finish_kvpress_quality(kvpress_runs)
         for ratio in args.ratios:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import itertools
 import json
+import shutil
 import sys
 
 import pytest
@@ -182,6 +183,36 @@ def test_nugget_study_reuses_a_kept_run_only_for_the_same_method_code(tmp_path, 
     monkeypatch.setattr(nugget_study, "nugget_run", lambda name, ratio, task, folder, **options: Run(folder))
     assert nugget_study.run_lm_eval(tmp_path, "salience", 5, "squad_mini", None, 8) == first and len(made) == 3
     assert (first.parents[1] / nugget_study.MAKER_FILE).is_file()
+
+
+def test_nugget_studies_sharing_an_output_folder_make_each_run_once(tmp_path, monkeypatch):
+    """Two study commands side by side on one --out: a run the other is making (its lock held) is passed over without
+    waiting, and once that one is done it is reused, not made again."""
+    from filelock import FileLock
+
+    nugget_study = importlib.import_module("nugget_study")
+    made = []
+
+    class Run:  # stands in for lm_eval, as above
+        def __init__(self, folder):
+            self.folder = folder
+
+        def run_or_raise(self, what):
+            made.append(self.folder)
+            (self.folder / "model").mkdir(parents=True)
+            (self.folder / "model" / "results_1.json").write_text("{}")
+            return self.folder / "model" / "results_1.json"
+
+    monkeypatch.setattr(nugget_study, "nugget_run", lambda name, ratio, task, folder, **options: Run(folder))
+    first = nugget_study.run_lm_eval(tmp_path, "salience", 5, "squad_mini", None, 8)
+    folder = first.parents[1]
+    shutil.rmtree(folder)  # the other study is making this run now, holding its lock
+    with FileLock(folder.with_name(f"{folder.name}.lock")):
+        assert nugget_study.run_lm_eval(tmp_path, "salience", 5, "squad_mini", None, 8, wait=False) is None
+        assert len(made) == 1
+        Run(folder).run_or_raise("the other study")  # which finishes it and records making it
+        (folder / nugget_study.MAKER_FILE).write_text("{}")
+    assert nugget_study.run_lm_eval(tmp_path, "salience", 5, "squad_mini", None, 8) == first and len(made) == 2
 
 
 def test_a_nugget_study_page_names_the_rows_its_command_did_not_make(tmp_path):
