@@ -1191,7 +1191,8 @@ def main(argv: list[str] | None = None) -> int:
         default=str(common.REPO / "results" / "nugget-study"),
         help=(
             "lm_eval output folder (finished quality runs are reused while the method's code and weights are "
-            "unchanged; default results/nugget-study)"
+            "unchanged; study commands sharing one run side by side and make each run once; default "
+            "results/nugget-study)"
         ),
     )
     parser.add_argument(
