@@ -157,11 +157,11 @@ def test_nugget_kept_gates_a_checkpoint_beside_the_built_in_selectors(tmp_path):
     assert f"| {path.stem} | 5 | {types['trained@5']['kept']} |" in section
 
 
-def test_nugget_study_reuses_a_kept_run_only_for_the_same_method_code(tmp_path, monkeypatch):
-    nugget_study = importlib.import_module("nugget_study")
-    made = []
+def lm_eval_stand_in(made: list):
+    """A stand-in for the nugget study's lm_eval run: records in ``made`` that a run was asked for and leaves its
+    results file."""
 
-    class Run:  # stands in for lm_eval: records that a run was asked for and leaves its results file
+    class Run:
         def __init__(self, folder):
             self.folder = folder
 
@@ -171,6 +171,13 @@ def test_nugget_study_reuses_a_kept_run_only_for_the_same_method_code(tmp_path, 
             (self.folder / "model" / "results_1.json").write_text("{}")
             return self.folder / "model" / "results_1.json"
 
+    return Run
+
+
+def test_nugget_study_reuses_a_kept_run_only_for_the_same_method_code(tmp_path, monkeypatch):
+    nugget_study = importlib.import_module("nugget_study")
+    made = []
+    Run = lm_eval_stand_in(made)
     monkeypatch.setattr(nugget_study, "nugget_run", lambda name, ratio, task, folder, **options: Run(folder))
     assert len(nugget_study.method_code()) == 64
     first = nugget_study.run_lm_eval(tmp_path, "salience", 5, "squad_mini", None, 8)
@@ -192,17 +199,7 @@ def test_nugget_studies_sharing_an_output_folder_make_each_run_once(tmp_path, mo
 
     nugget_study = importlib.import_module("nugget_study")
     made = []
-
-    class Run:  # stands in for lm_eval, as above
-        def __init__(self, folder):
-            self.folder = folder
-
-        def run_or_raise(self, what):
-            made.append(self.folder)
-            (self.folder / "model").mkdir(parents=True)
-            (self.folder / "model" / "results_1.json").write_text("{}")
-            return self.folder / "model" / "results_1.json"
-
+    Run = lm_eval_stand_in(made)
     monkeypatch.setattr(nugget_study, "nugget_run", lambda name, ratio, task, folder, **options: Run(folder))
     first = nugget_study.run_lm_eval(tmp_path, "salience", 5, "squad_mini", None, 8)
     folder = first.parents[1]
