@@ -225,42 +225,26 @@ def run_lm_eval(
     if weights:
         folder = folder.with_name(f"{folder.name}-weights{weights[:12]}")
     folder.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(folder.with_name(f"{folder.name}.lock"))
     try:
-        lock.acquire(timeout=-1 if wait else 0)
+        held = FileLock(folder.with_name(f"{folder.name}.lock")).acquire(timeout=-1 if wait else 0)
     except Timeout:
         print(f"{label(name, ratio)}, {task}: another study sharing {out} is making it; coming back to it", flush=True)
         return None
-    try:
-        return made_or_reused(folder, name, ratio, task, limit, batch, wrapper, maker)
-    finally:
-        lock.release()
-
-
-def made_or_reused(
-    folder: Path,
-    name: str,
-    ratio: float | None,
-    task: str,
-    limit: int | None,
-    batch: int,
-    wrapper: str,
-    maker: dict | None,
-) -> Path:
-    """``run_lm_eval``'s run in ``folder``, its lock held: the kept one if the study made it, else a new one."""
-    existing = sorted(folder.glob("**/results_*.json"))
-    if existing and (folder / MAKER_FILE).is_file():
-        print(f"{label(name, ratio)}, {task}: reusing {existing[-1]}", flush=True)
-        return existing[-1]
-    if existing:
-        print(
-            f"{label(name, ratio)}, {task}: {folder} holds a run the study did not make; running it again", flush=True
-        )
-        shutil.rmtree(folder)
-    run = nugget_run(name, ratio, task, folder, wrapper=wrapper, limit=limit, batch_size=batch)
-    results = run.run_or_raise(f"{label(name, ratio)}, {task}")
-    (folder / MAKER_FILE).write_text(json.dumps(maker or {"script": "studies/nugget_study.py"}, indent=1) + "\n")
-    return results
+    with held:
+        existing = sorted(folder.glob("**/results_*.json"))
+        if existing and (folder / MAKER_FILE).is_file():
+            print(f"{label(name, ratio)}, {task}: reusing {existing[-1]}", flush=True)
+            return existing[-1]
+        if existing:
+            print(
+                f"{label(name, ratio)}, {task}: {folder} holds a run the study did not make; running it again",
+                flush=True,
+            )
+            shutil.rmtree(folder)
+        run = nugget_run(name, ratio, task, folder, wrapper=wrapper, limit=limit, batch_size=batch)
+        results = run.run_or_raise(f"{label(name, ratio)}, {task}")
+        (folder / MAKER_FILE).write_text(json.dumps(maker or {"script": "studies/nugget_study.py"}, indent=1) + "\n")
+        return results
 
 
 @functools.cache
