@@ -40,6 +40,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -166,11 +167,21 @@ def keep_run(folder: Path, name: str, ratio: float | None, task: str, results: P
     from decodebench.reports.reader import date_id
 
     where = f"{folder_name(name, ratio)}/{task}-{date_id(results)}"
-    if not (run_store(folder) / where).is_dir():
-        keep_lm_eval_run(results, run_store(folder) / where)
+    kept = run_store(folder) / where
     maker = next((p / MAKER_FILE for p in (results.parent, results.parent.parent) if (p / MAKER_FILE).is_file()), None)
-    if maker and not (run_store(folder) / where / MAKER_FILE).is_file():
-        shutil.copyfile(maker, run_store(folder) / where / MAKER_FILE)
+    if not kept.is_dir():
+        # made aside and moved in whole: a study sharing the store may read this run the moment its folder exists
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{kept.name}-", dir=kept.parent))
+        keep_lm_eval_run(results, staging)
+        if maker:
+            shutil.copyfile(maker, staging / MAKER_FILE)
+        try:
+            staging.rename(kept)
+        except OSError:  # the other study kept it first
+            shutil.rmtree(staging)
+    if maker and not (kept / MAKER_FILE).is_file():
+        shutil.copyfile(maker, kept / MAKER_FILE)
     runs = load_json(folder, RUNS_FILE) if (folder / RUNS_FILE).is_file() else {}
     runs.setdefault(folder_name(name, ratio), {})[task] = where
     save_json(folder, RUNS_FILE, runs)

@@ -212,6 +212,48 @@ def test_nugget_studies_sharing_an_output_folder_make_each_run_once(tmp_path, mo
     assert nugget_study.run_lm_eval(tmp_path, "salience", 5, "squad_mini", None, 8) == first and len(made) == 2
 
 
+def test_a_kept_run_enters_the_shared_store_whole(tmp_path, monkeypatch):
+    """The study pages share docs/data/nugget-runs and may be written side by side: a run one study is keeping is
+    never seen half copied by the other (its folder appears with its results, samples and maker file in it), and
+    the study that comes second reads the first one's copy."""
+    nugget_study = importlib.import_module("nugget_study")
+    stamp = "2026-12-05T10-00-00.000000"
+    results = tmp_path / "out" / "salience-r-5" / "squad_mini-run" / "model" / f"results_{stamp}.json"
+    results.parent.mkdir(parents=True)
+    results.write_text("{}")
+    (results.parent / f"samples_squad_mini_{stamp}.jsonl").write_text('{"doc_id": 0}\n')
+    (results.parents[1] / nugget_study.MAKER_FILE).write_text('{"command": "the study"}')
+    first, second = tmp_path / "data" / "page-a", tmp_path / "data" / "page-b"
+    kept = nugget_study.run_store(first) / "salience-r-5" / f"squad_mini-{stamp}"
+    keep, seen = nugget_study.keep_lm_eval_run, []
+
+    def keep_watched(results, folder):
+        seen.append(kept.exists())
+        keep(results, folder)
+        seen.append(kept.exists())
+
+    monkeypatch.setattr(nugget_study, "keep_lm_eval_run", keep_watched)
+    nugget_study.keep_run(first, "salience", 5, "squad_mini", results)
+    assert seen == [False, False]
+    whole = sorted(p.name for p in kept.iterdir())
+    assert whole == [nugget_study.MAKER_FILE, f"results_{stamp}.json.xz", f"samples_squad_mini_{stamp}.jsonl.xz"]
+
+    # the second study started copying before the first one's copy appeared: it keeps the first's, leaves nothing
+    kept_first = {p.name: p.read_bytes() for p in kept.iterdir()}
+    shutil.rmtree(kept)
+
+    def the_other_study_finishes_first(results, folder):
+        keep(results, folder)
+        shutil.copytree(folder, kept)
+
+    monkeypatch.setattr(nugget_study, "keep_lm_eval_run", the_other_study_finishes_first)
+    nugget_study.keep_run(second, "salience", 5, "squad_mini", results)
+    assert [p.name for p in kept.parent.iterdir()] == [kept.name]
+    assert {p.name: p.read_bytes() for p in kept.iterdir()} == kept_first
+    runs = common.load_json(second, nugget_study.RUNS_FILE)
+    assert runs == {"salience-r-5": {"squad_mini": f"salience-r-5/squad_mini-{stamp}"}}
+
+
 def test_a_nugget_study_page_names_the_rows_its_command_did_not_make(tmp_path):
     """A kept run that finished before the page's command started was not made by it (issue 66): the page names
     it; a page whose every run falls inside its command's time names none."""
