@@ -265,6 +265,28 @@ def test_no_kept_run_is_stored_twice_or_uncompressed():
     assert not repeated, f"the same data stored more than once: {repeated[:3]}"
 
 
+def test_every_kept_nugget_run_is_shown_by_a_page_and_records_the_study_command_that_made_it():
+    """docs/data/nugget-runs holds what the nugget pages read and nothing else, and each run there was made by the
+    study's own command (its maker file): a row no command in the repository makes is not recomputable (issue 66)."""
+    import json
+
+    store = REPO / "docs" / "data" / "nugget-runs"
+    files = [p.relative_to(store) for p in tracked_files() if p.is_relative_to(store)]
+    kept = {"/".join(path.parts[:2]) for path in files}
+    shown = {
+        where
+        for runs in (REPO / "docs" / "data").glob("*/runs.json")
+        for tasks in json.loads(runs.read_text()).values()
+        for where in tasks.values()
+    }
+    assert kept == shown, f"shown by no page: {sorted(kept - shown)[:5]}; shown, not kept: {sorted(shown - kept)[:5]}"
+    makers = {where: store / where / "made-by.json" for where in kept}
+    unmade = sorted(where for where, maker in makers.items() if not maker.is_file())
+    assert not unmade, f"kept runs without the study's maker file (rerun their page's command): {unmade[:5]}"
+    commands = {json.loads(maker.read_text()).get("command", "").split(" --")[0] for maker in makers.values()}
+    assert commands == {"python studies/nugget_study.py"}, commands
+
+
 def test_no_page_names_a_scratch_path():
     """A page names what a reader can find: no /tmp path (the study's scratch folders on the machine it ran on)."""
     pages = [p for p in tracked_files() if p.suffix == ".md" and p.is_file()]
