@@ -173,13 +173,18 @@ def keep_run(folder: Path, name: str, ratio: float | None, task: str, results: P
         # made aside and moved in whole: a study sharing the store may read this run the moment its folder exists
         kept.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{kept.name}-", dir=kept.parent))
-        keep_lm_eval_run(results, staging)
-        if maker:
-            shutil.copyfile(maker, staging / MAKER_FILE)
         try:
-            staging.rename(kept)
-        except OSError:  # the other study kept it first
-            shutil.rmtree(staging)
+            keep_lm_eval_run(results, staging)
+            if maker:
+                shutil.copyfile(maker, staging / MAKER_FILE)
+            try:
+                staging.rename(kept)
+            except OSError:
+                if not kept.is_dir():
+                    raise
+                # else the other study kept it first: its copy stands
+        finally:  # nothing half made stays in the store, whatever stopped the copy
+            shutil.rmtree(staging, ignore_errors=True)
     if maker and not (kept / MAKER_FILE).is_file():
         shutil.copyfile(maker, kept / MAKER_FILE)
     runs = load_json(folder, RUNS_FILE) if (folder / RUNS_FILE).is_file() else {}

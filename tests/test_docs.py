@@ -253,6 +253,18 @@ def test_a_kept_run_enters_the_shared_store_whole(tmp_path, monkeypatch):
     runs = common.load_json(second, nugget_study.RUNS_FILE)
     assert runs == {"salience-r-5": {"squad_mini": f"salience-r-5/squad_mini-{stamp}"}}
 
+    # a copy stopped midway (the disk full, the command interrupted) leaves nothing in the store
+    shutil.rmtree(kept)
+
+    def stopped_midway(results, folder):
+        (folder / f"results_{stamp}.json.xz").write_bytes(b"")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(nugget_study, "keep_lm_eval_run", stopped_midway)
+    with pytest.raises(OSError, match="No space left"):
+        nugget_study.keep_run(second, "salience", 5, "squad_mini", results)
+    assert list(kept.parent.iterdir()) == []
+
 
 def test_a_nugget_study_page_names_the_rows_its_command_did_not_make(tmp_path):
     """A kept run that finished before the page's command started was not made by it (issue 66): the page names
