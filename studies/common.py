@@ -80,7 +80,8 @@ NOT_RECOMPUTABLE = {
     "docs/benchmarks/h200.md": "written on a lent H200 by the GPU command's first version (studies/gpu_bench.py at "
     "d8ba400: 7 documents, 2 rounds, no warm-up, fp32); its data is kept in docs/data/benchmarks/h200/ (`decodebench "
     "report` reads it), and the present command (`tox -e gpu`) writes docs/benchmarks/gpu.md",
-    "docs/lz-study.md": "written before pages kept their data; `tox -e lz-study` reruns it",
+    "docs/lz-study.md": "written before pages kept their data; "
+    "`tox -e lz-study -- --limit 6 --max-gen-toks 384 --seeds 2 --temperatures 0,1` reruns it",
     "docs/nugget-objective.md": "its checkpoint and per-window losses were not kept; `tox -e nugget-objective` reruns "
     "it with a trained checkpoint" + OLD_STATISTICS,
 }

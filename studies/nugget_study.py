@@ -1,9 +1,10 @@
 """The nugget study: how much quality a document kept as 1/ratio of its tokens retains, on real data, and what
 the smaller cache buys in throughput when many rows decode together.
 
-``tox -e nugget-study`` (``python studies/nugget_study.py``; ``tox -e kvpress,nugget-study`` adds kvpress's
-presses) runs ``lm_eval --model nugget`` with the embedded model on squad_mini (500 real SQuAD v1.1 dev
-questions) and cnndm_mini (100 real CNN/DailyMail test articles) at each ratio (5 and 10): full context once,
+``tox -e nugget-study`` (``python studies/nugget_study.py``; ``tox -e kvpress,nugget-study -- --kvpress-python
+.tox/kvpress/bin/python`` adds kvpress's presses) runs ``lm_eval --model nugget`` with the embedded model on
+squad_mini (500 real SQuAD v1.1 dev questions) and cnndm_mini (100 real CNN/DailyMail test articles) at each ratio
+(5 and 10): full context once,
 then the paper's method (``selector=trained``: the compressor shipped for that ratio, models/nugget/weights/),
 its scorer alone on the frozen model, the training-free delimiter stand-in, and the peers truncation,
 StreamingLLM and query-aware attention (SnapKV's kin); with ``--kvpress-python`` also kvpress's presses (KVzip,

@@ -43,16 +43,37 @@ def test_the_readme_is_reference_with_install_and_both_command_lines_first():
     assert not dated and not hashes, f"run logs in the README: {(dated + hashes)[:3]}"
 
 
-def test_every_tox_environment_the_readme_names_exists():
+def tox_config() -> configparser.ConfigParser:
     config = configparser.ConfigParser(interpolation=None)
     config.read(REPO / "tox.ini")
+    return config
+
+
+def commands_named() -> str:
+    """The README's text and docs/studies.md's: where a user finds the commands to run."""
+    return (REPO / "README.md").read_text() + "\n" + (REPO / "docs" / "studies.md").read_text()
+
+
+def test_every_tox_environment_the_readme_names_exists():
+    config = tox_config()
     envs = {section.removeprefix("testenv:") for section in config.sections() if section.startswith("testenv:")}
     envs |= {"py"}
     named = set()
-    texts = [(REPO / "README.md").read_text(), (REPO / "docs" / "studies.md").read_text()]
-    for command in re.findall(r"tox (?:p )?-e ([a-z][\w,.-]*)", "\n".join(texts)):
+    for command in re.findall(r"tox (?:p )?-e ([a-z][\w,.-]*)", commands_named()):
         named |= set(command.split(","))
     assert named and named <= envs, f"the README names tox envs that tox.ini lacks: {sorted(named - envs)}"
+
+
+def test_a_combined_tox_commands_arguments_reach_only_its_last_environment():
+    """`tox -e kvpress,nugget-study -- ARGS` hands ARGS to every env it names: the ones before the study must not
+    read them (the kvpress env's pytest stopped on the study's --doc, so the documented command never ran)."""
+    config = tox_config()
+    combined = re.findall(r"tox -e ([a-z][\w.-]*(?:,[a-z][\w.-]*)+) -- ", commands_named())
+    assert combined
+    for envs in combined:
+        for env in envs.split(",")[:-1]:
+            commands = config[f"testenv:{env}"].get("commands", "")
+            assert "{posargs" not in commands, f"`tox -e {envs} -- ...` hands its arguments to {env}: {commands}"
 
 
 def test_the_wheel_holds_the_package_but_no_study_or_benchmark(decodebench_wheel):
@@ -60,3 +81,19 @@ def test_the_wheel_holds_the_package_but_no_study_or_benchmark(decodebench_wheel
     names = zipfile.ZipFile(wheel).namelist()
     assert "decodebench/models/lz/method.py" in names and "decodebench/data/infinigram_index.py" in names
     assert not [n for n in names if "studies" in n or "bench" in n.split("/")[1:2] or n.startswith("tests/")]
+
+
+def test_each_study_row_names_the_command_that_wrote_its_page():
+    """docs/studies.md's command for a page has the arguments the page says it was written with (--out aside): a
+    reader who runs the row reruns that page's study, not another one under the same page name."""
+    studies = (REPO / "docs" / "studies.md").read_text()
+    rows = re.findall(r"^\| `tox (?:p )?-e [\w,.-]+(?: -- ([^`]*))?` \| `(docs/[\w/.-]+\.md)`", studies, re.M)
+    checked = []
+    for arguments, page in rows:
+        header = re.search(r"^Written by `python studies/\w+\.py([^`]*)`", (REPO / page).read_text(), re.M)
+        if header is None:  # written before pages named their command: such a page says so at its top
+            continue
+        written = re.sub(r" --out \S+", "", header.group(1)).split()
+        assert arguments.split() == written, f"docs/studies.md's row for {page} runs {arguments!r}, not {written}"
+        checked.append(page)
+    assert len(checked) >= 15, checked
