@@ -91,7 +91,7 @@ def test_each_study_row_names_the_command_that_wrote_its_page():
     checked = []
     for arguments, page in rows:
         header = re.search(r"^Written by `python studies/\w+\.py([^`]*)`", (REPO / page).read_text(), re.M)
-        if header is None:  # written before pages named their command: such a page says so at its top
+        if header is None:  # the GPU page names each section's command instead, in its own header
             continue
         written = re.sub(r" --out \S+", "", header.group(1)).split()
         assert arguments.split() == written, f"docs/studies.md's row for {page} runs {arguments!r}, not {written}"
